@@ -1,0 +1,28 @@
+"""pyflow: a deep-learning training framework written entirely in Python.
+
+PyTorch's user interface over numba kernels; see README.md and docs/.
+"""
+import os as _os
+
+# A source checkout keeps kernels/, comm/ and models/ beside pyflow/ (setup.cfg
+# installs them as pyflow.kernels, pyflow.comm, pyflow.models); let the same
+# import names work from a checkout too.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_top = _os.path.dirname(_here)
+if not _os.path.isdir(_os.path.join(_here, "kernels")) and \
+        _os.path.isfile(_os.path.join(_top, "setup.cfg")):
+    __path__.append(_top)
+
+from . import dtypes as _dtype_mod
+from .dtypes import (bfloat16, bool, double, dtype, float, float16, float32, float64,  # noqa: A004
+                    get_default_dtype, half, int, int32, int64, long, promote_types,
+                    result_type, set_default_dtype)
+from .device import device
+from .tensor import Size, Tensor
+from . import autograd
+from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .random import Generator, get_rng_state, initial_seed, manual_seed, seed, set_rng_state
+from .ops import *  # noqa: F401,F403
+from . import ops
+
+__version__ = "0.1.0"

@@ -1,0 +1,68 @@
+"""Devices.  ``cpu`` keeps tensors in NumPy arrays.
+
+The ``cuda`` device type is parsed and validated here; moving data to it
+raises a clear error until its backend exists (see ``pyflow.cuda``).
+"""
+__all__ = ["device"]
+
+_TYPES = ("cpu", "cuda")
+
+
+class device:
+    __slots__ = ("type", "index")
+
+    def __init__(self, type_or_str, index=None):
+        if isinstance(type_or_str, device):
+            self.type, self.index = type_or_str.type, type_or_str.index
+            return
+        if not isinstance(type_or_str, str):
+            raise TypeError(f"device: expected a string like 'cpu' or 'cuda:0', got {type_or_str!r}")
+        s = type_or_str
+        if ":" in s:
+            s, idx = s.split(":", 1)
+            if index is not None or not idx.isdigit():
+                raise ValueError(f"device: invalid device string {type_or_str!r}")
+            index = int(idx)
+        if s not in _TYPES:
+            raise ValueError(f"device: expected one of {_TYPES} (optionally ':index'), got {type_or_str!r}")
+        self.type, self.index = s, index
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            other = device(other)
+        return isinstance(other, device) and self.type == other.type and \
+            (self.index or 0) == (other.index or 0)
+
+    def __hash__(self):
+        return hash((self.type, self.index or 0))
+
+    def __repr__(self):
+        return f"device(type='{self.type}'" + (f", index={self.index})" if self.index is not None else ")")
+
+    def __str__(self):
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+
+CPU = device("cpu")
+
+
+def as_device(d, argname="device"):
+    if d is None:
+        return CPU
+    if type(d) is device:
+        return d
+    if isinstance(d, int):
+        return device("cuda", d)
+    try:
+        return device(d)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{argname}: {e}") from None
+
+
+def check_available(d):
+    """Raise a clear error when data cannot be placed on device ``d``."""
+    if d.type == "cpu":
+        return
+    raise RuntimeError(
+        "device 'cuda': pyflow's CUDA backend is not available in this build yet "
+        "(it arrives with the numba.cuda kernels); use device='cpu'.")

@@ -1,0 +1,231 @@
+"""Creation ops: tensor, zeros, ones, full, arange, rand, ... and their *_like forms."""
+import builtins
+import numbers
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..device import as_device, check_available
+from ..random import generator_of
+from ..tensor import Tensor
+from ._util import shape_arg, wrap
+
+__all__ = ["tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange",
+           "linspace", "eye", "rand", "randn", "randint", "randperm", "zeros_like", "ones_like",
+           "full_like", "empty_like", "rand_like", "randn_like", "randint_like"]
+
+
+def _finish(arr, dtype, device, requires_grad):
+    device = as_device(device)
+    check_available(device)
+    t = wrap(arr, dtype, device)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _infer_dtype(data):
+    """PyTorch's inference: bools -> bool, ints -> int64, floats -> default float."""
+    if isinstance(data, np.ndarray):
+        return _dt.from_numpy(data.dtype)
+    if isinstance(data, builtins.bool) or isinstance(data, np.bool_):
+        return _dt.bool
+    if isinstance(data, numbers.Integral):
+        return _dt.int64
+    if isinstance(data, numbers.Real):
+        return _dt.get_default_dtype()
+    if isinstance(data, Tensor):
+        return data.dtype
+    if isinstance(data, (list, tuple)):
+        if len(data) == 0:
+            return _dt.get_default_dtype()
+        best = None
+        for x in data:
+            d = _infer_dtype(x)
+            best = d if best is None else _dt.promote_types(best, d)
+        return best
+    raise TypeError(f"tensor(): could not infer a dtype from object of type {type(data).__name__}")
+
+
+def _to_numpy(data):
+    if isinstance(data, Tensor):
+        return np.asarray(data._compute())
+    if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in data):
+        return np.array([_to_numpy(x) for x in data])
+    return np.asarray(data)
+
+
+def tensor(data, dtype=None, device=None, requires_grad=False):
+    """A new tensor holding a copy of ``data`` (nested lists, scalars, arrays, tensors)."""
+    dtype = _infer_dtype(data) if dtype is None else _dt.as_dtype(dtype)
+    try:
+        arr = _to_numpy(data)
+    except ValueError as e:
+        raise ValueError(f"tensor(): data must be a rectangular nested sequence ({e})") from None
+    if arr.dtype == object:
+        raise TypeError("tensor(): data must be numbers, nested lists of numbers, arrays or tensors")
+    arr = np.array(arr, dtype=dtype.compute, copy=True)
+    return _finish(arr, dtype, device, requires_grad)
+
+
+def as_tensor(data, dtype=None, device=None):
+    if isinstance(data, Tensor) and (dtype is None or _dt.as_dtype(dtype) is data.dtype):
+        return data
+    if isinstance(data, np.ndarray) and dtype is None:
+        return from_numpy(data)
+    return tensor(data, dtype=dtype, device=device)
+
+
+def from_numpy(arr):
+    """A tensor sharing memory with the NumPy array ``arr``."""
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"from_numpy(): expected np.ndarray, got {type(arr).__name__}")
+    d = _dt.from_numpy(arr.dtype)
+    if arr.dtype != d.storage:
+        arr = arr.astype(d.storage)
+    return Tensor._make(arr, d)
+
+
+def _dtype_or_default(dtype):
+    return _dt.get_default_dtype() if dtype is None else _dt.as_dtype(dtype)
+
+
+def _filled(size, value, dtype, device, requires_grad, op):
+    shape = shape_arg(size, op)
+    if any(s < 0 for s in shape):
+        raise RuntimeError(f"{op}(): negative dimension in size {shape}")
+    dtype = _dtype_or_default(dtype)
+    arr = np.full(shape, value, dtype=dtype.compute) if value is not None \
+        else np.empty(shape, dtype=dtype.compute)
+    return _finish(arr, dtype, device, requires_grad)
+
+
+def zeros(*size, dtype=None, device=None, requires_grad=False):
+    return _filled(size, 0, dtype, device, requires_grad, "zeros")
+
+
+def ones(*size, dtype=None, device=None, requires_grad=False):
+    return _filled(size, 1, dtype, device, requires_grad, "ones")
+
+
+def empty(*size, dtype=None, device=None, requires_grad=False):
+    return _filled(size, None, dtype, device, requires_grad, "empty")
+
+
+def full(size, fill_value, dtype=None, device=None, requires_grad=False):
+    if dtype is None:
+        dtype = _infer_dtype(fill_value.item() if isinstance(fill_value, Tensor) else fill_value)
+    return _filled((size,) if isinstance(size, int) else tuple(size), fill_value, dtype, device,
+                   requires_grad, "full")
+
+
+def _like(t, dtype):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"input: expected a Tensor, got {type(t).__name__}")
+    return (tuple(t.shape), t.dtype if dtype is None else _dt.as_dtype(dtype))
+
+
+def zeros_like(t, dtype=None, device=None, requires_grad=False):
+    shape, d = _like(t, dtype)
+    return zeros(shape, dtype=d, device=device or t.device, requires_grad=requires_grad)
+
+
+def ones_like(t, dtype=None, device=None, requires_grad=False):
+    shape, d = _like(t, dtype)
+    return ones(shape, dtype=d, device=device or t.device, requires_grad=requires_grad)
+
+
+def empty_like(t, dtype=None, device=None, requires_grad=False):
+    shape, d = _like(t, dtype)
+    return empty(shape, dtype=d, device=device or t.device, requires_grad=requires_grad)
+
+
+def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
+    shape, d = _like(t, dtype)
+    return full(shape, fill_value, dtype=d, device=device or t.device, requires_grad=requires_grad)
+
+
+def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise RuntimeError("arange(): step must be nonzero")
+    vals = [x.item() if isinstance(x, Tensor) else x for x in (start, end, step)]
+    if dtype is None:
+        dtype = _dt.int64 if all(isinstance(v, numbers.Integral) for v in vals) \
+            else _dt.get_default_dtype()
+    dtype = _dt.as_dtype(dtype)
+    arr = np.arange(vals[0], vals[1], vals[2], dtype=np.float64 if dtype.is_floating_point
+                    else np.int64).astype(dtype.compute)
+    return _finish(arr, dtype, device, requires_grad)
+
+
+def linspace(start, end, steps, dtype=None, device=None, requires_grad=False):
+    if not isinstance(steps, int) or steps < 0:
+        raise RuntimeError(f"linspace(): steps must be a non-negative int, got {steps!r}")
+    dtype = _dtype_or_default(dtype)
+    arr = np.linspace(start, end, steps, dtype=np.float64).astype(dtype.compute)
+    return _finish(arr, dtype, device, requires_grad)
+
+
+def eye(n, m=None, dtype=None, device=None, requires_grad=False):
+    dtype = _dtype_or_default(dtype)
+    return _finish(np.eye(n, n if m is None else m, dtype=dtype.compute), dtype, device,
+                   requires_grad)
+
+
+def _random(size, draw, dtype, device, requires_grad, op, generator):
+    shape = shape_arg(size, op)
+    dtype = _dtype_or_default(dtype)
+    if not dtype.is_floating_point:
+        raise TypeError(f"{op}(): dtype must be floating point, got {dtype}")
+    rng = generator_of(generator).numpy
+    arr = draw(rng, shape).astype(dtype.compute)
+    return _finish(arr, dtype, device, requires_grad)
+
+
+def rand(*size, generator=None, dtype=None, device=None, requires_grad=False):
+    return _random(size, lambda r, s: r.random(s, dtype=np.float64), dtype, device,
+                   requires_grad, "rand", generator)
+
+
+def randn(*size, generator=None, dtype=None, device=None, requires_grad=False):
+    return _random(size, lambda r, s: r.standard_normal(s, dtype=np.float64), dtype, device,
+                   requires_grad, "randn", generator)
+
+
+def randint(low, high=None, size=None, generator=None, dtype=None, device=None,
+            requires_grad=False):
+    if high is None:
+        low, high = 0, low
+    if size is None:
+        raise TypeError("randint(): missing required argument 'size'")
+    if high <= low:
+        raise RuntimeError(f"randint(): expected low < high, got low={low}, high={high}")
+    dtype = _dt.int64 if dtype is None else _dt.as_dtype(dtype)
+    arr = generator_of(generator).numpy.integers(low, high, size=shape_arg((size,), "randint")
+                                                 if isinstance(size, int) else tuple(size))
+    return _finish(arr.astype(dtype.compute), dtype, device, requires_grad)
+
+
+def randperm(n, generator=None, dtype=None, device=None):
+    dtype = _dt.int64 if dtype is None else _dt.as_dtype(dtype)
+    arr = generator_of(generator).numpy.permutation(n).astype(dtype.compute)
+    return _finish(arr, dtype, device, False)
+
+
+def rand_like(t, dtype=None, device=None, requires_grad=False, generator=None):
+    shape, d = _like(t, dtype)
+    return rand(shape, dtype=d, device=device or t.device, requires_grad=requires_grad,
+                generator=generator)
+
+
+def randn_like(t, dtype=None, device=None, requires_grad=False, generator=None):
+    shape, d = _like(t, dtype)
+    return randn(shape, dtype=d, device=device or t.device, requires_grad=requires_grad,
+                 generator=generator)
+
+
+def randint_like(t, low, high=None, dtype=None, device=None, generator=None):
+    shape, d = _like(t, dtype)
+    return randint(low, high, shape, dtype=d, device=device or t.device, generator=generator)

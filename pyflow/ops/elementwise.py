@@ -1,0 +1,633 @@
+"""Elementwise ops: each one's forward and backward side by side.
+
+The forward of every op is one call of a kernel generated from its scalar
+definition in ``kernels/scalar.py``; broadcasting follows PyTorch (and NumPy).
+Backward rules are written with these same ops, so they can be differentiated
+again; activations use one fused backward kernel when no graph is being
+recorded for the backward itself (the usual ``loss.backward()``).
+"""
+import numpy as np
+
+from .. import dtypes as _dt
+from ..autograd import Function, is_grad_enabled
+from ..kernels import scalar as _scalar
+from ..tensor import Tensor
+from ._method import tensor_method
+from ._util import broadcast_shapes, compute_array, kernel, scalar_of, unbroadcast, wrap
+
+__all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "exp", "log", "sqrt", "rsqrt",
+           "abs", "sign", "sin", "cos", "tanh", "sigmoid", "relu", "gelu", "silu", "reciprocal",
+           "clamp", "clip", "where", "masked_fill", "maximum", "minimum", "eq", "ne", "lt", "le",
+           "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not", "floor_divide",
+           "remainder", "square", "isnan", "isinf", "isfinite", "multiply", "subtract", "divide",
+           "greater", "less", "equal", "allclose", "isclose"]
+
+
+# ------------------------------------------------------------------ forward helpers
+def _device_of(*xs):
+    dev = None
+    for x in xs:
+        if isinstance(x, Tensor):
+            if dev is None:
+                dev = x.device
+            elif x.device != dev:
+                raise RuntimeError(f"Expected all tensors to be on the same device, but found "
+                                   f"at least two devices, {dev} and {x.device}!")
+    return dev
+
+
+def _operand(x, cd, name, op):
+    if isinstance(x, Tensor):
+        return compute_array(x, cd)
+    if isinstance(x, (int, float, bool, np.number)):
+        return scalar_of(x, cd)
+    raise TypeError(f"{op}(): argument '{name}' must be a Tensor or a number, not "
+                    f"{type(x).__name__}")
+
+
+def _check_broadcast(op, *xs):
+    shapes = [x._data.shape for x in xs if isinstance(x, Tensor)]
+    if len(shapes) > 1 and any(s != shapes[0] for s in shapes):
+        broadcast_shapes(*shapes, op=op)
+
+
+def _elementwise(name, *xs, out_dtype=None):
+    """Run elementwise op ``name`` on tensors/numbers; returns a new Tensor."""
+    kind = (_scalar.BINARY.get(name) or _scalar.UNARY.get(name) or _scalar.TERNARY[name])[1]
+    operands = xs[1:] if kind == "select" else xs
+    dtype = _dt.result_type(*operands)
+    if dtype is None:
+        raise TypeError(f"{name}(): expected at least one Tensor argument")
+    if kind == "float" and not dtype.is_floating_point:
+        dtype = _dt.get_default_dtype()
+    elif kind == "logical":
+        dtype = _dt.bool
+    dev = _device_of(*xs)
+    _check_broadcast(name, *xs)
+    cd = dtype
+    args = [_operand(x, cd, f"arg{i}", name) for i, x in enumerate(operands)]
+    if kind == "select":
+        args.insert(0, _operand(xs[0], _dt.bool, "condition", name))
+    res = kernel(name, dev.type)(*args)
+    res_dtype = _dt.bool if kind in ("compare", "logical") else dtype
+    if not isinstance(res, np.ndarray):
+        res = np.asarray(res)
+    return wrap(res, out_dtype or res_dtype, dev)
+
+
+def _grad_for(g, x):
+    """Fit gradient ``g`` to input ``x``: undo broadcasting, restore dtype."""
+    g = unbroadcast(g, x.shape)
+    return g if g.dtype is x.dtype else g.to(x.dtype)
+
+
+def _needs(ctx, i):
+    return len(ctx.needs_input_grad) > i and ctx.needs_input_grad[i]
+
+
+# ------------------------------------------------------------------ binary arithmetic
+class Add(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.inputs = (a, b)
+        return _elementwise("add", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.inputs
+        return (_grad_for(g, a) if _needs(ctx, 0) else None,
+                _grad_for(g, b) if _needs(ctx, 1) else None)
+
+
+class Sub(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.inputs = (a, b)
+        return _elementwise("sub", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.inputs
+        return (_grad_for(g, a) if _needs(ctx, 0) else None,
+                _grad_for(neg(g), b) if _needs(ctx, 1) else None)
+
+
+class Mul(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(*(x if isinstance(x, Tensor) else None for x in (a, b)))
+        ctx.scalars = (a, b)
+        return _elementwise("mul", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = _restore(ctx)
+        return (_grad_for(mul(g, b), a) if _needs(ctx, 0) else None,
+                _grad_for(mul(g, a), b) if _needs(ctx, 1) else None)
+
+
+class Div(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(*(x if isinstance(x, Tensor) else None for x in (a, b)))
+        ctx.scalars = (a, b)
+        return _elementwise("div", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = _restore(ctx)
+        ga = _grad_for(div(g, b), a) if _needs(ctx, 0) else None
+        gb = _grad_for(neg(div(mul(g, a), mul(b, b))), b) if _needs(ctx, 1) else None
+        return ga, gb
+
+
+class Pow(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        out = _elementwise("pow", a, b)
+        ctx.save_for_backward(*(x if isinstance(x, Tensor) else None for x in (a, b, out)))
+        ctx.scalars = (a, b)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = _restore(ctx)
+        out = ctx.saved_tensors[2]
+        ga = gb = None
+        if _needs(ctx, 0):
+            ga = _grad_for(mul(mul(g, b), pow(a, sub(b, 1))), a)
+        if _needs(ctx, 1):
+            safe_log = where(eq(a, 0), 0.0, log(where(eq(a, 0), 1.0, a)))
+            gb = _grad_for(mul(mul(g, out), safe_log), b)
+        return ga, gb
+
+
+def _restore(ctx):
+    """Saved tensor operands (version-checked) with Python numbers put back."""
+    saved = ctx.saved_tensors
+    return tuple(s if isinstance(x, Tensor) else x for s, x in zip(saved, ctx.scalars))
+
+
+class _MaxMin(Function):
+    name = None
+
+    @classmethod
+    def forward(cls, ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return _elementwise(cls.name, a, b)
+
+    @classmethod
+    def backward(cls, ctx, g):
+        a, b = ctx.saved_tensors
+        pick_a = gt(a, b) if cls.name == "maximum" else lt(a, b)
+        tie = eq(a, b)
+        wa = add(pick_a.to(g.dtype), mul(tie.to(g.dtype), 0.5))   # ties split the gradient
+        return (_grad_for(mul(g, wa), a) if _needs(ctx, 0) else None,
+                _grad_for(mul(g, sub(1.0, wa)), b) if _needs(ctx, 1) else None)
+
+
+class Maximum(_MaxMin):
+    name = "maximum"
+
+
+class Minimum(_MaxMin):
+    name = "minimum"
+
+
+class Remainder(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(*(x if isinstance(x, Tensor) else None for x in (a, b)))
+        ctx.scalars = (a, b)
+        return _elementwise("remainder", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = _restore(ctx)
+        return (_grad_for(g, a) if _needs(ctx, 0) else None,
+                _grad_for(neg(mul(g, floor_divide(a, b))), b) if _needs(ctx, 1) else None)
+
+
+def _check_alpha(b, alpha):
+    return b if alpha == 1 else mul(b, alpha)
+
+
+@tensor_method("add", "__add__")
+def add(input, other, *, alpha=1):
+    return Add.apply(input, _check_alpha(other, alpha))
+
+
+@tensor_method("__radd__")
+def _radd(self, other):
+    return Add.apply(other, self)
+
+
+@tensor_method("sub", "__sub__")
+def sub(input, other, *, alpha=1):
+    return Sub.apply(input, _check_alpha(other, alpha))
+
+
+@tensor_method("__rsub__")
+def _rsub(self, other):
+    return Sub.apply(other, self)
+
+
+@tensor_method("mul", "__mul__")
+def mul(input, other):
+    return Mul.apply(input, other)
+
+
+@tensor_method("__rmul__")
+def _rmul(self, other):
+    return Mul.apply(other, self)
+
+
+@tensor_method("div", "__truediv__")
+def div(input, other, *, rounding_mode=None):
+    if rounding_mode is None:
+        return Div.apply(input, other)
+    if rounding_mode == "floor":
+        return floor_divide(input, other)
+    if rounding_mode == "trunc":
+        q = Div.apply(input, other)
+        return where(lt(q, 0), neg(floor_divide(neg(input), other)), floor_divide(input, other))
+    raise ValueError(f"div(): rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
+
+
+@tensor_method("__rtruediv__")
+def _rdiv(self, other):
+    return Div.apply(other, self)
+
+
+@tensor_method("pow", "__pow__")
+def pow(input, exponent):  # noqa: A001 (PyTorch's name)
+    return Pow.apply(input, exponent)
+
+
+@tensor_method("__rpow__")
+def _rpow(self, other):
+    return Pow.apply(other, self)
+
+
+@tensor_method()
+def maximum(input, other):
+    return Maximum.apply(input, other)
+
+
+@tensor_method()
+def minimum(input, other):
+    return Minimum.apply(input, other)
+
+
+@tensor_method("floor_divide", "__floordiv__")
+def floor_divide(input, other):
+    return _elementwise("floor_divide", input, other)
+
+
+@tensor_method("__rfloordiv__")
+def _rfloordiv(self, other):
+    return _elementwise("floor_divide", other, self)
+
+
+@tensor_method("remainder", "__mod__")
+def remainder(input, other):
+    return Remainder.apply(input, other)
+
+
+@tensor_method("__rmod__")
+def _rmod(self, other):
+    return Remainder.apply(other, self)
+
+
+true_divide = divide = div
+multiply, subtract = mul, sub
+
+
+# ------------------------------------------------------------------ comparisons, logic
+def _make_compare(name):
+    def op(input, other):
+        return _elementwise(name, input, other)
+    op.__name__ = name
+    op.__doc__ = f"Elementwise ``{name}``; returns a bool tensor (not differentiable)."
+    return op
+
+
+eq, ne, lt, le, gt, ge = (_make_compare(n) for n in ("eq", "ne", "lt", "le", "gt", "ge"))
+logical_and, logical_or, logical_xor = (_make_compare(n) for n in
+                                        ("logical_and", "logical_or", "logical_xor"))
+greater, less, equal_elementwise = gt, lt, eq
+for _n, _f in (("eq", eq), ("ne", ne), ("lt", lt), ("le", le), ("gt", gt), ("ge", ge),
+               ("__eq__", eq), ("__ne__", ne), ("__lt__", lt), ("__le__", le), ("__gt__", gt),
+               ("__ge__", ge), ("logical_and", logical_and), ("logical_or", logical_or),
+               ("logical_xor", logical_xor), ("greater", gt), ("less", lt)):
+    tensor_method(_n)(_f)
+
+
+def _bitwise(name, logical):
+    def op(self, other):
+        if self.dtype is not _dt.bool:
+            raise TypeError(f"{name}: only bool tensors are supported (got {self.dtype})")
+        return logical(self, other)
+    return op
+
+
+tensor_method("__and__", "__rand__")(_bitwise("&", logical_and))
+tensor_method("__or__", "__ror__")(_bitwise("|", logical_or))
+tensor_method("__xor__", "__rxor__")(_bitwise("^", logical_xor))
+
+
+@tensor_method("logical_not", "__invert__")
+def logical_not(input):
+    return _elementwise("logical_not", input)
+
+
+@tensor_method()
+def equal(input, other):
+    """True when both tensors have the same shape and elements."""
+    return tuple(input.shape) == tuple(other.shape) and bool(eq(input, other)._data.all())
+
+
+@tensor_method()
+def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    a, b = np.asarray(input._compute()), np.asarray(other._compute())
+    return wrap(np.isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan), _dt.bool, input.device)
+
+
+@tensor_method()
+def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    return bool(isclose(input, other, rtol, atol, equal_nan)._data.all())
+
+
+@tensor_method()
+def isnan(input):
+    return ne(input, input)
+
+
+@tensor_method()
+def isinf(input):
+    return wrap(np.isinf(input._compute()), _dt.bool, input.device)
+
+
+@tensor_method()
+def isfinite(input):
+    return wrap(np.isfinite(input._compute()), _dt.bool, input.device)
+
+
+# ------------------------------------------------------------------ unary math
+class _Unary(Function):
+    """forward = kernel ``name``; backward given by ``grad(g, x, out)``."""
+    name = None
+    save = "x"
+
+    @classmethod
+    def forward(cls, ctx, x):
+        out = _elementwise(cls.name, x)
+        ctx.save_for_backward(x if cls.save == "x" else out)
+        return out
+
+    @classmethod
+    def backward(cls, ctx, g):
+        (v,) = ctx.saved_tensors
+        return cls.grad(g, v)
+
+
+def _unary(name, save, grad_fn, doc):
+    cls = type(name.capitalize(), (_Unary,), {"name": name, "save": save,
+                                               "grad": staticmethod(grad_fn)})
+
+    def op(input):
+        return cls.apply(input)
+    op.__name__ = name
+    op.__doc__ = doc
+    tensor_method(name)(op)
+    return op
+
+
+def _fused_or(name, composite):
+    """Backward of an activation: one fused kernel, or ops when recording a graph."""
+    def grad(g, v):
+        if is_grad_enabled():
+            return composite(g, v)
+        return _elementwise(name, g, v)
+    return grad
+
+
+neg = _unary("neg", "x", lambda g, x: neg(g), "-input")
+exp = _unary("exp", "out", lambda g, y: mul(g, y), "e ** input")
+log = _unary("log", "x", lambda g, x: div(g, x), "natural logarithm")
+sqrt = _unary("sqrt", "out", lambda g, y: div(g, mul(y, 2.0)), "square root")
+rsqrt = _unary("rsqrt", "out", lambda g, y: mul(mul(g, -0.5), mul(y, mul(y, y))), "1 / sqrt(input)")
+abs = _unary("abs", "x", lambda g, x: mul(g, sign(x)), "absolute value")  # noqa: A001
+sign = _unary("sign", "x", lambda g, x: mul(g, 0.0), "sign (-1, 0, 1)")
+sin = _unary("sin", "x", lambda g, x: mul(g, cos(x)), "sine")
+cos = _unary("cos", "x", lambda g, x: neg(mul(g, sin(x))), "cosine")
+reciprocal = _unary("reciprocal", "out", lambda g, y: neg(mul(g, mul(y, y))), "1 / input")
+tanh = _unary("tanh", "out", _fused_or("tanh_backward", lambda g, y: mul(g, sub(1.0, mul(y, y)))),
+              "hyperbolic tangent")
+sigmoid = _unary("sigmoid", "out",
+                 _fused_or("sigmoid_backward", lambda g, y: mul(g, mul(y, sub(1.0, y)))),
+                 "logistic sigmoid")
+relu = _unary("relu", "out", _fused_or("relu_backward", lambda g, y: mul(g, gt(y, 0).to(g.dtype))),
+              "max(input, 0)")
+silu = _unary("silu", "x", _fused_or("silu_backward", lambda g, x: mul(
+    g, mul(sigmoid(x), add(1.0, mul(x, sub(1.0, sigmoid(x))))))), "input * sigmoid(input)")
+_gelu_erf = _unary("gelu", "x", _fused_or("gelu_backward", lambda g, x: mul(g, add(
+    mul(0.5, add(1.0, _erf(mul(x, _scalar.SQRT1_2)))),
+    mul(mul(x, _scalar.INV_SQRT_2PI), exp(mul(mul(x, x), -0.5)))))), "GELU (erf form)")
+
+
+def _gelu_tanh_grad(g, x):
+    inner = mul(add(x, mul(mul(mul(x, x), x), 0.044715)), _scalar.SQRT_2_OVER_PI)
+    t = tanh(inner)
+    d_inner = mul(add(1.0, mul(mul(x, x), 3 * 0.044715)), _scalar.SQRT_2_OVER_PI)
+    return mul(g, add(mul(0.5, add(1.0, t)), mul(mul(mul(0.5, x), sub(1.0, mul(t, t))), d_inner)))
+
+
+_gelu_tanh = _unary("gelu_tanh", "x", _fused_or("gelu_tanh_backward", _gelu_tanh_grad),
+                    "GELU (tanh approximation)")
+
+
+class _Erf(Function):
+    """erf, only needed inside GELU's differentiable backward."""
+    @staticmethod
+    def forward(ctx, x):
+        import math
+        ctx.save_for_backward(x)
+        v = np.vectorize(math.erf, otypes=[x.dtype.compute])(x._compute())
+        return wrap(v, x.dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return mul(g, mul(exp(neg(mul(x, x))), 2 * _scalar.INV_SQRT_2PI * np.sqrt(2.0)))
+
+
+def _erf(x):
+    return _Erf.apply(x)
+
+
+@tensor_method()
+def gelu(input, approximate="none"):
+    if approximate == "none":
+        return _gelu_erf(input)
+    if approximate == "tanh":
+        return _gelu_tanh(input)
+    raise ValueError(f"gelu(): approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+@tensor_method()
+def square(input):
+    return mul(input, input)
+
+
+@tensor_method("__neg__")
+def _neg(self):
+    return neg(self)
+
+
+@tensor_method("__abs__")
+def _abs(self):
+    return abs(self)
+
+
+@tensor_method("__pos__")
+def _pos(self):
+    return self
+
+
+# ------------------------------------------------------------------ ternary
+class Where(Function):
+    @staticmethod
+    def forward(ctx, cond, a, b):
+        ctx.cond = cond
+        ctx.inputs = (a, b)
+        return _elementwise("where", cond, a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.inputs
+        zero = 0.0
+        return (None,
+                _grad_for(_elementwise("where", ctx.cond, g, zero), a) if _needs(ctx, 1) else None,
+                _grad_for(_elementwise("where", ctx.cond, zero, g), b) if _needs(ctx, 2) else None)
+
+
+@tensor_method("where")
+def where(condition, input=None, other=None):
+    if input is None and other is None:
+        from .index import nonzero
+        return tuple(nonzero(condition).t())
+    if not isinstance(condition, Tensor) or condition.dtype is not _dt.bool:
+        raise TypeError(f"where(): condition must be a bool Tensor, got "
+                        f"{getattr(condition, 'dtype', type(condition).__name__)}")
+    return Where.apply(condition, input, other)
+
+
+@tensor_method()
+def masked_fill(input, mask, value):
+    if not isinstance(mask, Tensor) or mask.dtype is not _dt.bool:
+        raise TypeError(f"masked_fill(): mask must be a bool Tensor, got "
+                        f"{getattr(mask, 'dtype', type(mask).__name__)}")
+    broadcast_shapes(tuple(input.shape), tuple(mask.shape), op="masked_fill")
+    if tuple(broadcast_shapes(tuple(input.shape), tuple(mask.shape))) != tuple(input.shape):
+        raise RuntimeError(f"masked_fill(): mask of shape {tuple(mask.shape)} must broadcast to "
+                           f"input of shape {tuple(input.shape)}")
+    if isinstance(value, Tensor):
+        if value.ndim != 0:
+            raise RuntimeError(f"masked_fill(): value must be a 0-dim tensor or a number, got "
+                               f"shape {tuple(value.shape)}")
+        value = value.to(input.dtype)
+    out = Where.apply(mask, value, input)
+    return out if out.dtype is input.dtype else out.to(input.dtype)
+
+
+class Clamp(Function):
+    @staticmethod
+    def forward(ctx, x, lo, hi):
+        ctx.save_for_backward(x)
+        ctx.bounds = (lo, hi)
+        out = x
+        if lo is not None:
+            out = _elementwise("maximum", out, lo)
+        if hi is not None:
+            out = _elementwise("minimum", out, hi)
+        return out if out is not x else wrap(x._data.copy(), x.dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        lo, hi = ctx.bounds
+        keep = None
+        if lo is not None:
+            keep = ge(x, lo)
+        if hi is not None:
+            keep = le(x, hi) if keep is None else logical_and(keep, le(x, hi))
+        return (_grad_for(mul(g, keep.to(g.dtype)), x), None, None)
+
+
+@tensor_method("clamp", "clip")
+def clamp(input, min=None, max=None):  # noqa: A002 (PyTorch's names)
+    if min is None and max is None:
+        raise RuntimeError("clamp(): at least one of 'min' or 'max' must not be None")
+    return Clamp.apply(input, min, max)
+
+
+clip = clamp
+
+
+# ------------------------------------------------------------------ in-place forms
+def _can_cast(src, dst):
+    return src.category <= dst.category
+
+
+def _inplace(self, op, *others):
+    """``self = op(self, *others)`` writing into self's storage.
+
+    When autograd is recording, the out-of-place op is recorded on a copy of the
+    old value and ``self`` takes over the result's place in the graph, so earlier
+    nodes that saved ``self`` see its version change and refuse to run.
+    """
+    if not isinstance(self, Tensor):
+        raise TypeError("in-place op: self must be a Tensor")
+    record = is_grad_enabled() and (self.requires_grad or any(
+        isinstance(o, Tensor) and o.requires_grad for o in others))
+    if record:
+        if self.grad_fn is None and self.requires_grad:
+            raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
+                               "operation (use `with pyflow.no_grad():` or an out-of-place op).")
+        if self._base is not None and (self._base.requires_grad or self.requires_grad):
+            raise RuntimeError("in-place operation on a view of a tensor that requires grad is not "
+                               "supported by pyflow autograd; use an out-of-place op instead")
+        from .shape import clone
+        res = op(clone(self), *others)
+    else:
+        res = op(self, *others)
+    if not _can_cast(res.dtype, self.dtype):
+        raise RuntimeError(f"result type {res.dtype.name} can't be cast to the desired output "
+                           f"type {self.dtype.name} of the in-place op")
+    if tuple(res.shape) != tuple(self.shape):
+        raise RuntimeError(f"output with shape {tuple(self.shape)} doesn't match the broadcast "
+                           f"shape {tuple(res.shape)} of the in-place op")
+    self._data[...] = res._data if res.dtype is self.dtype else res.to(self.dtype)._data
+    self._version[0] += 1
+    if record:
+        self.grad_fn, self._out_idx, self.requires_grad = res.grad_fn, res._out_idx, True
+    return self
+
+
+def _inplace_method(name, op):
+    def method(self, *others, **kwargs):
+        if kwargs:
+            return _inplace(self, lambda s, *o: op(s, *o, **kwargs), *others)
+        return _inplace(self, op, *others)
+    method.__name__ = name
+    tensor_method(name)(method)
+
+
+for _name, _op in (("add_", add), ("sub_", sub), ("mul_", mul), ("div_", div), ("pow_", pow),
+                   ("clamp_", clamp), ("clip_", clamp), ("neg_", neg), ("exp_", exp),
+                   ("log_", log), ("sqrt_", sqrt), ("abs_", abs), ("tanh_", tanh),
+                   ("sigmoid_", sigmoid), ("relu_", relu), ("masked_fill_", masked_fill),
+                   ("__iadd__", add), ("__isub__", sub), ("__imul__", mul),
+                   ("__itruediv__", div), ("square_", square)):
+    _inplace_method(_name, _op)

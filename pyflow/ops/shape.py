@@ -1,0 +1,412 @@
+"""View and copy ops: each view shares storage (and version counter) with its input.
+
+Backward of a view maps the gradient back to the input's shape: reshape for
+``view``, the inverse permutation for ``permute``, a sum for ``expand``, and a
+zero-filled scatter for slices (``SliceView``), whose own backward is the
+slice again, so double backward works.
+"""
+import numpy as np
+
+from .. import dtypes as _dt
+from ..autograd import Function
+from ..tensor import Tensor
+from ._method import tensor_method
+from ._util import check_tensor, kernel, normalize_dims, shape_arg, wrap
+
+__all__ = ["cast", "clone", "contiguous", "view", "reshape", "transpose", "swapaxes", "permute",
+           "t", "expand", "expand_as", "unsqueeze", "squeeze", "flatten", "unflatten", "split",
+           "chunk", "narrow", "select", "unbind", "movedim", "view_as", "reshape_as",
+           "broadcast_to", "slice_view", "detach"]
+
+
+# ------------------------------------------------------------------ copies
+class Cast(Function):
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.src = x.dtype
+        return Tensor._make(kernel("cast", x.device.type)(x._data, x.dtype, dtype), dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g.to(ctx.src) if ctx.src.is_floating_point else None), None
+
+
+def cast(x, dtype):
+    return Cast.apply(x, dtype)
+
+
+class Clone(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return Tensor._make(np.array(x._data, copy=True, order="C"), x.dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+@tensor_method()
+def clone(input, memory_format=None):
+    return Clone.apply(input)
+
+
+@tensor_method()
+def contiguous(input, memory_format=None):
+    return input if input._data.flags.c_contiguous else Clone.apply(input)
+
+
+def detach(input):
+    return input.detach()
+
+
+# ------------------------------------------------------------------ reshaping views
+def _infer_shape(shape, numel, op):
+    shape = list(shape)
+    neg = [i for i, s in enumerate(shape) if s == -1]
+    if len(neg) > 1:
+        raise RuntimeError(f"{op}(): only one dimension can be inferred (-1) in {tuple(shape)}")
+    if any(s < -1 for s in shape):
+        raise RuntimeError(f"{op}(): invalid shape dimension in {tuple(shape)}")
+    known = 1
+    for s in shape:
+        if s != -1:
+            known *= s
+    if neg:
+        if known == 0 or numel % known:
+            raise RuntimeError(f"{op}(): shape '{list(shape)}' is invalid for input of size {numel}")
+        shape[neg[0]] = numel // known
+    elif known != numel:
+        raise RuntimeError(f"{op}(): shape '{list(shape)}' is invalid for input of size {numel}")
+    return tuple(shape)
+
+
+class View(Function):
+    @staticmethod
+    def forward(ctx, x, shape):
+        ctx.in_shape = x._data.shape
+        try:
+            arr = np.reshape(x._data, shape, copy=False)
+        except ValueError:
+            raise RuntimeError(
+                f"view size is not compatible with input tensor's size and stride (shape "
+                f"{tuple(x.shape)}, strides {x.stride()} to {shape}); at least one dimension "
+                f"spans across two contiguous subspaces. Use .reshape(...) instead.") from None
+        return x._view_of(arr)
+
+    @staticmethod
+    def backward(ctx, g):
+        return reshape(g, ctx.in_shape), None
+
+
+@tensor_method()
+def view(input, *shape):
+    if len(shape) == 1 and type(shape[0]) is _dt.dtype:
+        raise TypeError("view(dtype) reinterpretation is not supported; use .to(dtype)")
+    shape = _infer_shape(shape_arg(shape, "view"), input._data.size, "view")
+    if shape == input._data.shape:
+        return View.apply(input, shape) if input.requires_grad else input._view_of(input._data)
+    return View.apply(input, shape)
+
+
+@tensor_method()
+def reshape(input, *shape):
+    shape = _infer_shape(shape_arg(shape, "reshape"), input._data.size, "reshape")
+    try:
+        np.reshape(input._data, shape, copy=False)
+        return View.apply(input, shape)
+    except ValueError:
+        return View.apply(Clone.apply(input), shape)
+
+
+@tensor_method()
+def view_as(input, other):
+    return view(input, tuple(other.shape))
+
+
+@tensor_method()
+def reshape_as(input, other):
+    return reshape(input, tuple(other.shape))
+
+
+@tensor_method()
+def flatten(input, start_dim=0, end_dim=-1):
+    if input.ndim == 0:
+        return reshape(input, (1,))
+    s, e = input._wrap_dim(start_dim), input._wrap_dim(end_dim)
+    if s > e:
+        raise RuntimeError(f"flatten(): start_dim ({start_dim}) cannot come after end_dim ({end_dim})")
+    shape = input._data.shape
+    return reshape(input, shape[:s] + (int(np.prod(shape[s:e + 1])),) + shape[e + 1:])
+
+
+@tensor_method()
+def unflatten(input, dim, sizes):
+    d = input._wrap_dim(dim)
+    shape = input._data.shape
+    sizes = _infer_shape(tuple(sizes), shape[d], "unflatten")
+    return view(input, shape[:d] + sizes + shape[d + 1:])
+
+
+class Permute(Function):
+    @staticmethod
+    def forward(ctx, x, dims):
+        ctx.dims = dims
+        return x._view_of(np.transpose(x._data, dims))
+
+    @staticmethod
+    def backward(ctx, g):
+        return permute(g, tuple(np.argsort(ctx.dims))), None
+
+
+@tensor_method()
+def permute(input, *dims):
+    dims = shape_arg(dims, "permute")
+    n = input.ndim
+    if len(dims) != n:
+        raise RuntimeError(f"permute(): number of dims {len(dims)} doesn't match the tensor's "
+                           f"{n} dimensions")
+    wrapped = tuple(input._wrap_dim(d) for d in dims)
+    if len(set(wrapped)) != n:
+        raise RuntimeError(f"permute(): repeated dim in {dims}")
+    return Permute.apply(input, wrapped)
+
+
+@tensor_method("transpose", "swapaxes")
+def transpose(input, dim0, dim1):
+    n = input.ndim
+    if n == 0:
+        return input._view_of(input._data)
+    d0, d1 = input._wrap_dim(dim0), input._wrap_dim(dim1)
+    dims = list(range(n))
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return Permute.apply(input, tuple(dims))
+
+
+swapaxes = transpose
+
+
+@tensor_method()
+def t(input):
+    if input.ndim > 2:
+        raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {input.ndim}D")
+    return transpose(input, 0, 1) if input.ndim == 2 else input._view_of(input._data)
+
+
+Tensor.T = property(lambda self: permute(self, tuple(range(self.ndim - 1, -1, -1))))
+Tensor.mT = property(lambda self: transpose(self, -2, -1))
+
+
+@tensor_method()
+def movedim(input, source, destination):
+    src = (source,) if isinstance(source, int) else tuple(source)
+    dst = (destination,) if isinstance(destination, int) else tuple(destination)
+    src = [input._wrap_dim(d) for d in src]
+    dst = [input._wrap_dim(d) for d in dst]
+    order = [d for d in range(input.ndim) if d not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return permute(input, tuple(order))
+
+
+class Expand(Function):
+    @staticmethod
+    def forward(ctx, x, shape):
+        ctx.in_shape = x._data.shape
+        return x._view_of(np.broadcast_to(x._data, shape))
+
+    @staticmethod
+    def backward(ctx, g):
+        from ._util import unbroadcast
+        return unbroadcast(g, ctx.in_shape), None
+
+
+@tensor_method()
+def expand(input, *sizes):
+    sizes = shape_arg(sizes, "expand")
+    shape = input._data.shape
+    if len(sizes) < len(shape):
+        raise RuntimeError(f"expand(): the number of sizes provided ({len(sizes)}) must be "
+                           f"greater or equal to the number of dimensions ({len(shape)})")
+    lead = len(sizes) - len(shape)
+    out = []
+    for i, s in enumerate(sizes):
+        cur = shape[i - lead] if i >= lead else None
+        if s == -1:
+            if cur is None:
+                raise RuntimeError("expand(): -1 is not allowed in a leading, new dimension")
+            s = cur
+        if cur is not None and cur != 1 and cur != s:
+            raise RuntimeError(f"expand(): the expanded size {s} must match the existing size "
+                               f"{cur} at non-singleton dimension {i}; target sizes {sizes}, "
+                               f"tensor shape {tuple(shape)}")
+        out.append(s)
+    return Expand.apply(input, tuple(out))
+
+
+@tensor_method()
+def expand_as(input, other):
+    return expand(input, tuple(other.shape))
+
+
+def broadcast_to(input, shape):
+    return expand(input, tuple(shape))
+
+
+@tensor_method()
+def unsqueeze(input, dim):
+    d = input._wrap_dim(dim, input.ndim + 1)
+    shape = input._data.shape
+    return View.apply(input, shape[:d] + (1,) + shape[d:])
+
+
+@tensor_method()
+def squeeze(input, dim=None):
+    shape = input._data.shape
+    if dim is None:
+        new = tuple(s for s in shape if s != 1)
+    else:
+        dims = normalize_dims(dim, input.ndim, "squeeze")
+        new = tuple(s for i, s in enumerate(shape) if not (i in dims and s == 1))
+    return View.apply(input, new)
+
+
+# ------------------------------------------------------------------ slices
+def _slice_key(key):
+    return tuple(k if not isinstance(k, slice) else (k.start, k.stop, k.step) for k in key)
+
+
+class SliceView(Function):
+    """``x[key]`` for a basic key (ints, slices, None, Ellipsis): a view."""
+
+    @staticmethod
+    def forward(ctx, x, key):
+        ctx.in_shape, ctx.key, ctx.dtype = x._data.shape, key, x.dtype
+        return x._view_of(x._data[key])
+
+    @staticmethod
+    def backward(ctx, g):
+        return SliceScatter.apply(g, ctx.in_shape, ctx.key), None
+
+
+class SliceScatter(Function):
+    """Zeros of ``shape`` with ``g`` written at ``key``: the backward of a slice."""
+
+    @staticmethod
+    def forward(ctx, g, shape, key):
+        ctx.key = key
+        out = np.zeros(shape, g._data.dtype)
+        out[key] = g._data
+        return Tensor._make(out, g.dtype, g.device)
+
+    @staticmethod
+    def backward(ctx, gg):
+        return SliceView.apply(gg, ctx.key), None, None
+
+
+def slice_view(input, key):
+    return SliceView.apply(input, key)
+
+
+@tensor_method()
+def narrow(input, dim, start, length):
+    d = input._wrap_dim(dim)
+    size = input._data.shape[d]
+    if isinstance(start, Tensor):
+        start = int(start.item())
+    if start < 0:
+        start += size
+    if not (0 <= start <= size) or length < 0 or start + length > size:
+        raise IndexError(f"narrow(): start ({start}) + length ({length}) exceeds dimension "
+                         f"{dim} of size {size}")
+    key = (slice(None),) * d + (slice(start, start + length),)
+    return SliceView.apply(input, key)
+
+
+@tensor_method()
+def select(input, dim, index):
+    d = input._wrap_dim(dim)
+    size = input._data.shape[d]
+    if not -size <= index < size:
+        raise IndexError(f"select(): index {index} out of range for dimension {dim} of size {size}")
+    return SliceView.apply(input, (slice(None),) * d + (int(index) % size,))
+
+
+@tensor_method()
+def split(input, split_size_or_sections, dim=0):
+    d = input._wrap_dim(dim)
+    size = input._data.shape[d]
+    if isinstance(split_size_or_sections, int):
+        step = split_size_or_sections
+        if step <= 0:
+            raise RuntimeError(f"split(): split_size must be positive, got {step}")
+        sizes = [min(step, size - i) for i in range(0, size, step)] or [0]
+    else:
+        sizes = list(split_size_or_sections)
+        if sum(sizes) != size:
+            raise RuntimeError(f"split(): split_sizes {sizes} must sum to the size of dimension "
+                               f"{dim} ({size})")
+    out, start = [], 0
+    for s in sizes:
+        out.append(narrow(input, d, start, s))
+        start += s
+    return tuple(out)
+
+
+@tensor_method()
+def chunk(input, chunks, dim=0):
+    if not isinstance(chunks, int) or chunks <= 0:
+        raise RuntimeError(f"chunk(): chunks must be a positive int, got {chunks!r}")
+    size = input._data.shape[input._wrap_dim(dim)]
+    step = max(1, -(-size // chunks))
+    return split(input, step, dim)
+
+
+@tensor_method()
+def unbind(input, dim=0):
+    d = input._wrap_dim(dim)
+    return tuple(select(input, d, i) for i in range(input._data.shape[d]))
+
+
+# ------------------------------------------------------------------ in-place fills
+@tensor_method()
+def zero_(input):
+    return fill_(input, 0)
+
+
+@tensor_method()
+def fill_(input, value):
+    from ..autograd import is_grad_enabled
+    if is_grad_enabled() and input.requires_grad and input.grad_fn is None:
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
+                           "operation (fill_); wrap it in `with pyflow.no_grad():`")
+    if isinstance(value, Tensor):
+        value = value.item()
+    if input.dtype is _dt.bfloat16:
+        from ..kernels.cpu.cast import float32_to_bfloat16
+        value = float32_to_bfloat16(np.float32(value)).item()
+    input._data[...] = value
+    input._version[0] += 1
+    return input
+
+
+@tensor_method()
+def copy_(input, src, non_blocking=False):
+    """Copy ``src`` (broadcast, converted to ``input``'s dtype) into ``input``."""
+    check_tensor(src, "src", "copy_")
+    from .elementwise import _inplace
+
+    def take(s, x):  # the new value: x broadcast to s's shape; s itself gets no gradient
+        return Clone.apply(expand(x.to(s.dtype) if x.dtype is not s.dtype else x, tuple(s.shape)))
+    from ..autograd import is_grad_enabled
+    if is_grad_enabled() and (input.requires_grad or src.requires_grad):
+        return _inplace(input, take, src)
+    try:
+        data = np.broadcast_to(src._data if src.dtype is input.dtype else
+                               src.to(input.dtype)._data, input._data.shape)
+    except ValueError:
+        raise RuntimeError(f"copy_(): src of shape {tuple(src.shape)} cannot be broadcast to "
+                           f"{tuple(input.shape)}") from None
+    input._data[...] = data
+    input._version[0] += 1
+    return input
+

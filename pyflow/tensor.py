@@ -1,0 +1,324 @@
+"""The Tensor: a typed, strided view over a storage, with an autograd hook.
+
+Storage is a NumPy array on ``cpu``.  A tensor's ``_data`` is a NumPy view of
+that storage, so shape, strides (in elements) and offset are NumPy's, and view
+ops (``view``, ``transpose``, slicing, ``expand``...) share memory exactly as
+in PyTorch.  Views also share ``_version``, a one-element list that in-place
+ops bump; autograd compares it with the version seen when a tensor was saved.
+
+Ops are defined in ``pyflow/ops/*`` and attached here as methods by
+``pyflow.ops._method.tensor_method``; this file holds only what is about the
+tensor object itself.
+"""
+import builtins
+
+import numpy as np
+
+from . import dtypes as _dt
+from .device import CPU, as_device, check_available
+
+__all__ = ["Tensor", "Size"]
+
+
+class Size(tuple):
+    """torch.Size: a tuple of ints."""
+
+    def numel(self):
+        n = 1
+        for s in self:
+            n *= s
+        return n
+
+    def __repr__(self):
+        return f"pyflow.Size([{', '.join(str(s) for s in self)}])"
+
+
+class Tensor:
+    __slots__ = ("_data", "dtype", "device", "requires_grad", "grad", "grad_fn", "_out_idx",
+                 "_version", "_base", "_accumulator", "_hooks", "__weakref__", "__dict__")
+    __array_priority__ = 1000  # so ndarray (op) Tensor defers to Tensor
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use pyflow.tensor(data), pyflow.empty(shape) or other creation ops "
+                        "to build a Tensor")
+
+    # ------------------------------------------------------------- creation
+    @classmethod
+    def _make(cls, data, dtype, device=CPU, requires_grad=False, base=None):
+        """Wrap a NumPy array (already in ``dtype.storage``) without copying."""
+        t = object.__new__(cls)
+        t._data = data
+        t.dtype = dtype
+        t.device = device
+        t.requires_grad = requires_grad
+        t.grad = None
+        t.grad_fn = None
+        t._out_idx = 0
+        t._accumulator = None
+        t._hooks = None
+        if base is None:
+            t._version = [0]
+            t._base = None
+        else:  # a view: same storage, same version counter
+            t._version = base._version
+            t._base = base if base._base is None else base._base
+        return t
+
+    def _view_of(self, data):
+        """A new tensor viewing ``data`` (a view of this tensor's storage)."""
+        return Tensor._make(data, self.dtype, self.device, base=self)
+
+    # ------------------------------------------------------------- metadata
+    @property
+    def shape(self):
+        return Size(self._data.shape)
+
+    def size(self, dim=None):
+        if dim is None:
+            return Size(self._data.shape)
+        return self._data.shape[self._wrap_dim(dim)]
+
+    @property
+    def ndim(self):
+        return self._data.ndim
+
+    def dim(self):
+        return self._data.ndim
+
+    def numel(self):
+        return self._data.size
+
+    nelement = numel
+
+    def element_size(self):
+        return self.dtype.itemsize
+
+    def stride(self, dim=None):
+        st = tuple(s // self._data.itemsize for s in self._data.strides)
+        return st if dim is None else st[self._wrap_dim(dim)]
+
+    def storage_offset(self):
+        root = self._data
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        ptr = self._data.__array_interface__["data"][0]
+        return (ptr - root.__array_interface__["data"][0]) // self._data.itemsize
+
+    def data_ptr(self):
+        return self._data.__array_interface__["data"][0]
+
+    def is_contiguous(self):
+        return self._data.flags.c_contiguous
+
+    @property
+    def is_leaf(self):
+        return self.grad_fn is None
+
+    @property
+    def is_cuda(self):
+        return self.device.type == "cuda"
+
+    def is_floating_point(self):
+        return self.dtype.is_floating_point
+
+    def _wrap_dim(self, dim, ndim=None):
+        n = self._data.ndim if ndim is None else ndim
+        if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+            raise TypeError(f"dim: expected an int, got {dim!r}")
+        lo, hi = (-n, n - 1) if n > 0 else (-1, 0)
+        if dim < lo or dim > hi:
+            raise IndexError(f"dim: out of range (expected to be in range of [{lo}, {hi}], "
+                             f"but got {dim}) for a tensor of {n} dimensions")
+        return int(dim) % n if n > 0 else 0
+
+    # ------------------------------------------------------------- data access
+    def _compute(self):
+        """The data as an array of ``dtype.compute`` (float32 for half types)."""
+        d = self.dtype
+        if d.storage is d.compute:
+            return self._data
+        return self._as_float32()
+
+    def _as_float32(self):
+        if self.dtype is _dt.bfloat16:
+            from pyflow.kernels.cpu.cast import bfloat16_to_float32
+            return bfloat16_to_float32(self._data)
+        return self._data.astype(np.float32)
+
+    def numpy(self, force=False):
+        if self.requires_grad and not force:
+            raise RuntimeError("Can't call numpy() on a Tensor that requires grad. "
+                               "Use tensor.detach().numpy() instead.")
+        if self.dtype is _dt.bfloat16:
+            raise TypeError("numpy() has no bfloat16 dtype; use tensor.float().numpy()")
+        return self._data
+
+    def __array__(self, dtype=None, copy=None):
+        a = self._as_float32() if self.dtype is _dt.bfloat16 else self._data
+        return a if dtype is None else a.astype(dtype)
+
+    def item(self):
+        if self._data.size != 1:
+            raise RuntimeError(f"a Tensor with {self._data.size} elements cannot be converted "
+                               f"to Scalar (item() needs exactly one element)")
+        v = self._compute().reshape(-1)[0]
+        return v.item()
+
+    def tolist(self):
+        return self._compute().tolist()
+
+    def __len__(self):
+        if self._data.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self._data.shape[0]
+
+    def __iter__(self):
+        if self._data.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self._data.shape[0]))
+
+    def __bool__(self):
+        if self._data.size != 1:
+            raise RuntimeError(f"Boolean value of Tensor with {self._data.size} elements is "
+                               f"ambiguous")
+        return builtins.bool(self.item())
+
+    def __float__(self):
+        return builtins.float(self.item())
+
+    def __int__(self):
+        return builtins.int(self.item())
+
+    def __index__(self):
+        if self.dtype.category != 1 or self._data.size != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return builtins.int(self.item())
+
+    __hash__ = object.__hash__
+
+    # ------------------------------------------------------------- autograd
+    @property
+    def data(self):
+        return Tensor._make(self._data, self.dtype, self.device, base=self)
+
+    @data.setter
+    def data(self, other):
+        if not isinstance(other, Tensor):
+            raise TypeError(f"data: expected a Tensor, got {type(other).__name__}")
+        self._data, self.dtype, self.device = other._data, other.dtype, other.device
+
+    def detach(self):
+        return Tensor._make(self._data, self.dtype, self.device, base=self)
+
+    def detach_(self):
+        self.grad_fn = None
+        self.requires_grad = False
+        return self
+
+    def requires_grad_(self, requires_grad=True):
+        if requires_grad and not self.dtype.is_floating_point:
+            raise RuntimeError(f"only Tensors of floating point dtype can require gradients "
+                               f"(got {self.dtype})")
+        if not requires_grad and self.grad_fn is not None:
+            raise RuntimeError("requires_grad_(False) on a non-leaf tensor; use detach()")
+        self.requires_grad = requires_grad
+        return self
+
+    def register_hook(self, hook):
+        """Call ``hook(grad)`` when this tensor's gradient is computed; it may
+        return a replacement gradient."""
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        if self.grad_fn is None:
+            self._hooks = (self._hooks or []) + [hook]
+        else:
+            node = self.grad_fn
+            node.hooks = node.hooks or {}
+            node.hooks.setdefault(self._out_idx, []).append(hook)
+        return hook
+
+    def retain_grad(self):
+        if self.grad_fn is None:
+            return
+        import weakref
+        ref = weakref.ref(self)
+
+        def keep(g):
+            t = ref()
+            if t is not None:
+                t.grad = g.detach() if t.grad is None else t.grad + g.detach()
+        self.register_hook(keep)
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        from . import autograd
+        if inputs is not None:
+            grads = autograd.grad(self, inputs, gradient, retain_graph, create_graph,
+                                  allow_unused=True)
+            for t, g in zip(inputs, grads):
+                if g is not None:
+                    t.grad = g if t.grad is None else t.grad + g
+            return
+        autograd.backward(self, gradient, retain_graph, create_graph)
+
+    # ------------------------------------------------------------- conversion
+    def to(self, *args, dtype=None, device=None, copy=False, non_blocking=False):
+        for a in args:
+            if isinstance(a, Tensor):
+                dtype, device = a.dtype, a.device
+            elif type(a) is _dt.dtype:
+                dtype = a
+            elif isinstance(a, (str, int)) or type(a).__name__ == "device":
+                device = a
+            else:
+                raise TypeError(f"to(): expected a dtype, a device or a Tensor, got {a!r}")
+        from . import ops
+        out = self
+        if device is not None:
+            dev = as_device(device)
+            if dev != self.device:
+                check_available(dev)
+        if dtype is not None:
+            dtype = _dt.as_dtype(dtype)
+            if dtype is not self.dtype:
+                out = ops.cast(out, dtype)
+        if copy and out is self:
+            out = ops.clone(self)
+        return out
+
+    def type(self, dtype=None):
+        if dtype is None:
+            return "pyflow." + {"float32": "FloatTensor", "float64": "DoubleTensor",
+                                "float16": "HalfTensor", "bfloat16": "BFloat16Tensor",
+                                "int32": "IntTensor", "int64": "LongTensor",
+                                "bool": "BoolTensor"}[self.dtype.name]
+        return self.to(dtype)
+
+    def float(self): return self.to(_dt.float32)
+    def double(self): return self.to(_dt.float64)
+    def half(self): return self.to(_dt.float16)
+    def bfloat16(self): return self.to(_dt.bfloat16)
+    def int(self): return self.to(_dt.int32)
+    def long(self): return self.to(_dt.int64)
+    def bool(self): return self.to(_dt.bool)
+
+    def cpu(self):
+        return self
+
+    def cuda(self, device=None):
+        return self.to("cuda" if device is None else as_device(device))
+
+    # ------------------------------------------------------------- printing
+    def __repr__(self):
+        from ._print import format_tensor
+        return format_tensor(self)
+
+    __str__ = __repr__
+
+    def __format__(self, spec):
+        if self._data.ndim == 0 and spec:
+            return format(self.item(), spec)
+        return repr(self)
+
+    def __reduce_ex__(self, proto):
+        from .utils.serialization import _rebuild_tensor
+        return (_rebuild_tensor, (np.array(self._data), self.dtype.name, self.requires_grad))
