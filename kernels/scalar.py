@@ -9,6 +9,9 @@ fusion pass inlines chains of them into one generated kernel.
 Each entry of ``UNARY``/``BINARY``/``TERNARY`` maps an op name to
 ``(function, kind)``: kind ``"arith"`` computes in the input dtype (floats and
 ints), ``"float"`` needs a floating dtype, ``"compare"``/``"logical"`` return bool.
+
+Each function is self-contained (arithmetic and ``math`` only, no calls to its
+neighbours), so every backend can compile it on its own.
 """
 import math
 
@@ -53,7 +56,7 @@ def sigmoid(x): return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (
 def relu(x): return x if x > 0 else x * 0
 def gelu(x): return 0.5 * x * (1.0 + math.erf(x * SQRT1_2))
 def gelu_tanh(x): return 0.5 * x * (1.0 + math.tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
-def silu(x): return x * sigmoid(x)
+def silu(x): return x / (1.0 + math.exp(-x)) if x >= -30.0 else x * math.exp(x)
 def logical_not(x): return not x
 def reciprocal(x): return 1.0 / x
 
@@ -69,7 +72,7 @@ def gelu_tanh_backward(g, x):
     t = math.tanh(inner)
     return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x))
 def silu_backward(g, x):
-    s = sigmoid(x)
+    s = 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
     return g * s * (1.0 + x * (1.0 - s))
 
 

@@ -1,9 +1,12 @@
 """All ops.  Each family lives in its own module; ``from pyflow.ops import *``
-re-exports their public functions."""
-from .creation import *  # noqa: F401,F403
-from .elementwise import *  # noqa: F401,F403
-from .shape import *  # noqa: F401,F403
-from .reduce import *  # noqa: F401,F403
-from . import creation, elementwise, shape, reduce  # noqa: F401
+re-exports their public functions (each module's ``__all__``)."""
+from . import (attention, conv, creation, dropout, elementwise, embedding, index, join, linalg,
+               loss, normalization, reduce, shape, softmax)
 
-__all__ = [n for m in (creation, elementwise, shape, reduce) for n in m.__all__]
+_MODULES = (creation, elementwise, shape, reduce, index, join, linalg, conv, softmax,
+            normalization, loss, attention, dropout, embedding)
+__all__ = []
+for _m in _MODULES:
+    for _name in _m.__all__:
+        globals()[_name] = getattr(_m, _name)
+        __all__.append(_name)
