@@ -20,6 +20,8 @@ Users subclass ``Function`` the same way to wrap their own kernels::
 """
 import threading
 
+from .tensor import Tensor
+
 __all__ = ["Function", "backward", "grad", "no_grad", "enable_grad",
            "set_grad_enabled", "is_grad_enabled"]
 
@@ -100,11 +102,11 @@ class enable_grad(no_grad):
 class Context:
     """What ``forward`` leaves for ``backward``."""
 
-    def __init__(self):
-        self._saved = ()
-        self.needs_input_grad = ()
-        self.non_differentiable = ()
-        self.materialize_grads = True
+    # Class-level defaults: creating a Context costs nothing on the hot path.
+    _saved = ()
+    needs_input_grad = ()
+    non_differentiable = ()
+    materialize_grads = True
 
     def save_for_backward(self, *tensors):
         # Remember each tensor's version: an in-place change before backward
@@ -220,34 +222,47 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        from .tensor import Tensor
         ctx = Context()
+        mode = _mode
+        if not mode.enabled:
+            return cls.forward(ctx, *args, **kwargs)
         record = False
-        if _mode.enabled:
-            for a in args:
-                if isinstance(a, Tensor) and a.requires_grad:
-                    record = True
-                    break
-        prev = _mode.enabled
-        _mode.enabled = False
+        for a in args:
+            if isinstance(a, Tensor) and a.requires_grad:
+                record = True
+                break
+        mode.enabled = False
         try:
             out = cls.forward(ctx, *args, **kwargs)
         finally:
-            _mode.enabled = prev
-        if not record:
-            return out
-        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
-        edges = tuple(_edge(a) if isinstance(a, Tensor) else None for a in args)
-        outs = out if isinstance(out, tuple) else (out,)
-        node = Node(cls, ctx, edges, tuple((o.shape, o.dtype, o.device) for o in outs))
-        nondiff = ctx.non_differentiable
-        for i, o in enumerate(outs):
-            if any(o is n for n in nondiff) or not o.dtype.is_floating_point:
-                continue
-            o.requires_grad = True
-            o.grad_fn = node
-            o._out_idx = i
+            mode.enabled = True
+        if record:
+            _attach(cls, ctx, args, out)
         return out
+
+
+def _attach(cls, ctx, args, out):
+    """Record one call: a Node that is the grad_fn of every differentiable output."""
+    needs, edges = [], []
+    for a in args:
+        if isinstance(a, Tensor) and a.requires_grad:
+            needs.append(True)
+            fn = a.grad_fn
+            edges.append((fn, a._out_idx) if fn is not None else _leaf_edge(a))
+        else:
+            needs.append(False)
+            edges.append(None)
+    ctx.needs_input_grad = tuple(needs)
+    if type(out) is tuple:
+        node = Node(cls, ctx, tuple(edges), tuple((o._data.shape, o.dtype, o.device) for o in out))
+        nondiff = ctx.non_differentiable
+        for i, o in enumerate(out):
+            if o.dtype.is_floating_point and not any(o is n for n in nondiff):
+                o.requires_grad, o.grad_fn, o._out_idx = True, node, i
+    else:
+        node = Node(cls, ctx, tuple(edges), ((out._data.shape, out.dtype, out.device),))
+        if out.dtype.category == 2 and not ctx.non_differentiable:
+            out.requires_grad, out.grad_fn = True, node
 
 
 # ---------------------------------------------------------------- the engine
@@ -369,7 +384,6 @@ def _as_grads(tensors, grad_tensors, what):
 
 
 def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False):
-    from .tensor import Tensor
     tensors = [tensors] if isinstance(tensors, Tensor) else list(tensors)
     if grad_tensors is None:
         grad_tensors = [None] * len(tensors)
@@ -383,7 +397,6 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False):
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
          allow_unused=False):
     """Gradients of ``outputs`` with respect to ``inputs`` (not accumulated)."""
-    from .tensor import Tensor
     outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     single = isinstance(inputs, Tensor)
     inputs = [inputs] if single else list(inputs)

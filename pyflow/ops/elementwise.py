@@ -13,6 +13,7 @@ from ..autograd import Function, is_grad_enabled
 from ..kernels import scalar as _scalar
 from ..tensor import Tensor
 from ._method import tensor_method
+from ..nn.parameter import Parameter
 from ._util import broadcast_shapes, compute_array, kernel, scalar_of, unbroadcast, wrap
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "exp", "log", "sqrt", "rsqrt",
@@ -22,6 +23,8 @@ __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "exp", "log"
            "remainder", "square", "isnan", "isinf", "isfinite", "multiply", "subtract", "divide",
            "greater", "less", "equal", "allclose", "isclose"]
 
+
+_TENSOR_TYPES = (Tensor, Parameter)
 
 # ------------------------------------------------------------------ forward helpers
 def _device_of(*xs):
@@ -45,15 +48,49 @@ def _operand(x, cd, name, op):
                     f"{type(x).__name__}")
 
 
-def _check_broadcast(op, *xs):
-    shapes = [x._data.shape for x in xs if isinstance(x, Tensor)]
-    if len(shapes) > 1 and any(s != shapes[0] for s in shapes):
-        broadcast_shapes(*shapes, op=op)
+def _kind(name):
+    return (_scalar.BINARY.get(name) or _scalar.UNARY.get(name) or _scalar.TERNARY[name])[1]
 
 
-def _elementwise(name, *xs, out_dtype=None):
+_KIND = {n: _kind(n) for n in (*_scalar.UNARY, *_scalar.BINARY, *_scalar.TERNARY)}
+_BOOL_RESULT = ("compare", "logical")
+
+
+def _elementwise(name, *xs):
     """Run elementwise op ``name`` on tensors/numbers; returns a new Tensor."""
-    kind = (_scalar.BINARY.get(name) or _scalar.UNARY.get(name) or _scalar.TERNARY[name])[1]
+    kind = _KIND[name]
+    a = xs[0]
+    # Fast path: tensors of one dtype and device (the common case in a model).
+    if kind != "select" and type(a) in _TENSOR_TYPES and all(
+            type(x) in _TENSOR_TYPES and x.dtype is a.dtype and x.device is a.device for x in xs):
+        dtype, dev = a.dtype, a.device
+        if dtype.storage is dtype.compute and (kind != "float" or dtype.category == 2) \
+                and kind != "logical":
+            try:
+                res = kernel(name, dev.type)(*[x._data for x in xs])
+            except ValueError:
+                _raise_not_broadcastable(name, xs)
+            if type(res) is not np.ndarray:
+                res = np.asarray(res)
+            return Tensor._make(res, _dt.bool if kind in _BOOL_RESULT else dtype, dev)
+    # Fast path: tensor (op) Python number, where the number does not change the dtype.
+    if len(xs) == 2 and type(a) in _TENSOR_TYPES and type(xs[1]) in (float, int):
+        dtype = a.dtype
+        if dtype.category == 2 and dtype.storage is dtype.compute and kind != "logical" \
+                or dtype.category == 1 and type(xs[1]) is int and kind == "arith":
+            res = kernel(name, a.device.type)(a._data, dtype.compute.type(xs[1]))
+            if type(res) is not np.ndarray:
+                res = np.asarray(res)
+            return Tensor._make(res, _dt.bool if kind in _BOOL_RESULT else dtype, a.device)
+    return _elementwise_general(name, kind, xs)
+
+
+def _raise_not_broadcastable(name, xs):
+    broadcast_shapes(*[x._data.shape for x in xs if isinstance(x, Tensor)], op=name)
+    raise
+
+
+def _elementwise_general(name, kind, xs):
     operands = xs[1:] if kind == "select" else xs
     dtype = _dt.result_type(*operands)
     if dtype is None:
@@ -63,16 +100,16 @@ def _elementwise(name, *xs, out_dtype=None):
     elif kind == "logical":
         dtype = _dt.bool
     dev = _device_of(*xs)
-    _check_broadcast(name, *xs)
-    cd = dtype
-    args = [_operand(x, cd, f"arg{i}", name) for i, x in enumerate(operands)]
+    shapes = [x._data.shape for x in xs if isinstance(x, Tensor)]
+    if len(shapes) > 1 and any(s != shapes[0] for s in shapes):
+        broadcast_shapes(*shapes, op=name)
+    args = [_operand(x, dtype, f"arg{i}", name) for i, x in enumerate(operands)]
     if kind == "select":
         args.insert(0, _operand(xs[0], _dt.bool, "condition", name))
     res = kernel(name, dev.type)(*args)
-    res_dtype = _dt.bool if kind in ("compare", "logical") else dtype
     if not isinstance(res, np.ndarray):
         res = np.asarray(res)
-    return wrap(res, out_dtype or res_dtype, dev)
+    return wrap(res, _dt.bool if kind in _BOOL_RESULT else dtype, dev)
 
 
 def _grad_for(g, x):
@@ -155,7 +192,8 @@ class Pow(Function):
         out = ctx.saved_tensors[2]
         ga = gb = None
         if _needs(ctx, 0):
-            ga = _grad_for(mul(mul(g, b), pow(a, sub(b, 1))), a)
+            b_minus_1 = sub(b, 1) if isinstance(b, Tensor) else b - 1
+            ga = _grad_for(mul(mul(g, b), pow(a, b_minus_1)), a)
         if _needs(ctx, 1):
             safe_log = where(eq(a, 0), 0.0, log(where(eq(a, 0), 1.0, a)))
             gb = _grad_for(mul(mul(g, out), safe_log), b)
@@ -208,13 +246,9 @@ class Remainder(Function):
                 _grad_for(neg(mul(g, floor_divide(a, b))), b) if _needs(ctx, 1) else None)
 
 
-def _check_alpha(b, alpha):
-    return b if alpha == 1 else mul(b, alpha)
-
-
 @tensor_method("add", "__add__")
 def add(input, other, *, alpha=1):
-    return Add.apply(input, _check_alpha(other, alpha))
+    return Add.apply(input, other if alpha == 1 else mul(other, alpha))
 
 
 @tensor_method("__radd__")
@@ -224,7 +258,7 @@ def _radd(self, other):
 
 @tensor_method("sub", "__sub__")
 def sub(input, other, *, alpha=1):
-    return Sub.apply(input, _check_alpha(other, alpha))
+    return Sub.apply(input, other if alpha == 1 else mul(other, alpha))
 
 
 @tensor_method("__rsub__")
