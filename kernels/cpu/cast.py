@@ -17,14 +17,14 @@ def _f32_to_bf16(src, dst):
 
 
 def float32_to_bfloat16(x):
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    x = np.asarray(x, dtype=np.float32, order="C")   # keeps 0-d arrays 0-d
     out = np.empty(x.shape, np.uint16)
     _f32_to_bf16(x.reshape(-1), out.reshape(-1))
     return out
 
 
 def bfloat16_to_float32(words):
-    return (np.ascontiguousarray(words).astype(np.uint32) << 16).view(np.float32)
+    return (np.asarray(words, order="C").astype(np.uint32) << 16).view(np.float32)
 
 
 @register("cast", "cpu")

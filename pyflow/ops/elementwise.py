@@ -542,8 +542,8 @@ class Where(Function):
         a, b = ctx.inputs
         zero = 0.0
         return (None,
-                _grad_for(_elementwise("where", ctx.cond, g, zero), a) if _needs(ctx, 1) else None,
-                _grad_for(_elementwise("where", ctx.cond, zero, g), b) if _needs(ctx, 2) else None)
+                _grad_for(Where.apply(ctx.cond, g, zero), a) if _needs(ctx, 1) else None,
+                _grad_for(Where.apply(ctx.cond, zero, g), b) if _needs(ctx, 2) else None)
 
 
 @tensor_method("where")
