@@ -1,14 +1,44 @@
-"""Matrix products: matmul (all of PyTorch's broadcasting cases), mm, bmm, linear."""
+"""Matrix products: matmul (all of PyTorch's cases), mm, bmm, mv, dot, linear,
+addmm, baddbmm.
+
+One differentiable kernel does the work: ``Matmul``, a (..., n, k) @ (..., k, m)
+product with broadcast batch dims.  ``matmul`` reduces every other case to it
+with views, as PyTorch does: a 1-D operand gets a unit dim that is squeezed
+away afterwards, and an N-D @ 2-D product is *folded* into one 2-D GEMM (the
+batch dims join the rows), so its weight gradient is one GEMM too instead of a
+batched product followed by a sum.  ``linear`` has its own Function for the
+same reason: reshape the input to 2-D, one GEMM forward, one GEMM per gradient.
+
+Mixed dtypes promote (``promote_types``); gradients come back in each input's
+own dtype.
+"""
 from .. import dtypes as _dt
 from ..autograd import Function
+from ..tensor import Tensor
 from ._method import tensor_method
-from ._util import check_tensor, compute_array, kernel, wrap
+from ._util import broadcast_shapes, check_tensor, compute_array, kernel, unbroadcast, wrap
+from .elementwise import add, mul
+from .reduce import sum as _sum
+from .shape import reshape, squeeze, unsqueeze
 
-__all__ = ["matmul", "mm", "bmm", "linear"]
+__all__ = ["matmul", "mm", "bmm", "mv", "dot", "linear", "addmm", "baddbmm"]
 
 
+def _fit(g, x):
+    """Gradient ``g`` summed over broadcast dims and cast to ``x``'s dtype."""
+    g = unbroadcast(g, tuple(x.shape))
+    return g if g.dtype is x.dtype else g.to(x.dtype)
+
+
+def _check_device(a, b, op):
+    if a.device != b.device:
+        raise RuntimeError(f"{op}(): expected all tensors to be on the same device, but found "
+                           f"{a.device} and {b.device}")
+
+
+# ------------------------------------------------------------------ the one product
 class Matmul(Function):
-    """2-D x 2-D product (higher-rank cases are reduced to it or to batched form)."""
+    """(..., n, k) @ (..., k, m); the batch dims broadcast like NumPy's."""
 
     @staticmethod
     def forward(ctx, a, b):
@@ -20,34 +50,213 @@ class Matmul(Function):
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
-        ga = matmul(g, b.mT) if ctx.needs_input_grad[0] else None
-        gb = matmul(a.mT, g) if ctx.needs_input_grad[1] else None
+        ga = _fit(matmul(g, b.mT), a) if ctx.needs_input_grad[0] else None
+        gb = _fit(matmul(a.mT, g), b) if ctx.needs_input_grad[1] else None
         return ga, gb
+
+
+class Dot(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        dt = _dt.promote_types(a.dtype, b.dtype)
+        out = kernel("matmul", a.device.type)(compute_array(a, dt), compute_array(b, dt))
+        return wrap(out, dt, a.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return (_fit(mul(g, b), a) if ctx.needs_input_grad[0] else None,
+                _fit(mul(g, a), b) if ctx.needs_input_grad[1] else None)
+
+
+def _cannot_multiply(op, a, b, why):
+    return RuntimeError(f"{op}(): shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be "
+                        f"multiplied ({why})")
 
 
 @tensor_method("matmul", "__matmul__")
 def matmul(input, other):
+    """torch.matmul: dot, matrix-vector, vector-matrix, matrix and batched
+    products, with the batch dims broadcast."""
     check_tensor(input, "input", "matmul")
     check_tensor(other, "other", "matmul")
-    if input.ndim == 2 and other.ndim == 2:
-        if input.shape[1] != other.shape[0]:
-            raise RuntimeError(f"matmul: mat1 and mat2 shapes cannot be multiplied "
-                               f"({input.shape[0]}x{input.shape[1]} and "
-                               f"{other.shape[0]}x{other.shape[1]})")
-        return Matmul.apply(input, other)
-    raise RuntimeError("matmul: only 2-D operands are supported so far")
+    _check_device(input, other, "matmul")
+    da, db = input.ndim, other.ndim
+    if da == 0 or db == 0:
+        raise RuntimeError(f"matmul(): both arguments need to be at least 1-D, but they are "
+                           f"{da}-D and {db}-D")
+    k_a = input.shape[-1]
+    k_b = other.shape[0] if db == 1 else other.shape[-2]
+    if k_a != k_b:
+        raise _cannot_multiply("matmul", input, other,
+                               f"size {k_a} of input's last dim != size {k_b} of other's "
+                               f"{'only' if db == 1 else 'second-to-last'} dim")
+    if da == 1 and db == 1:
+        return Dot.apply(input, other)
+    if da == 1:                       # (k) @ (..., k, m) -> (..., m)
+        return squeeze(matmul(unsqueeze(input, 0), other), -2)
+    if db == 1:                       # (..., n, k) @ (k) -> (..., n)
+        return squeeze(matmul(input, unsqueeze(other, -1)), -1)
+    if db == 2 and da > 2:            # fold the batch into the rows: one 2-D GEMM
+        lead = tuple(input.shape[:-1])
+        out = Matmul.apply(reshape(input, (-1, k_a)), other)
+        return reshape(out, lead + (other.shape[-1],))
+    if da > 2 or db > 2:
+        broadcast_shapes(tuple(input.shape[:-2]), tuple(other.shape[:-2]),
+                         op="matmul() batch dims")
+    return Matmul.apply(input, other)
+
+
+@tensor_method("__rmatmul__")
+def _rmatmul(self, other):
+    if not isinstance(other, Tensor):
+        return NotImplemented
+    return matmul(other, self)
+
+
+# ------------------------------------------------------------------ strict variants
+def _check_ndim(t, name, op, ndim, what):
+    check_tensor(t, name, op)
+    if t.ndim != ndim:
+        raise RuntimeError(f"{op}(): {name} must be {what} ({ndim}-D), got a {t.ndim}-D tensor "
+                           f"of shape {tuple(t.shape)}")
 
 
 @tensor_method()
 def mm(input, mat2):
-    return matmul(input, mat2)
+    """(n, k) @ (k, m); no broadcasting."""
+    _check_ndim(input, "input", "mm", 2, "a matrix")
+    _check_ndim(mat2, "mat2", "mm", 2, "a matrix")
+    _check_device(input, mat2, "mm")
+    if input.shape[1] != mat2.shape[0]:
+        raise _cannot_multiply("mm", input, mat2, f"{input.shape[0]}x{input.shape[1]} and "
+                               f"{mat2.shape[0]}x{mat2.shape[1]}")
+    return Matmul.apply(input, mat2)
 
 
 @tensor_method()
 def bmm(input, mat2):
-    return matmul(input, mat2)
+    """(b, n, k) @ (b, k, m); same batch size, no broadcasting."""
+    _check_ndim(input, "input", "bmm", 3, "a batch of matrices")
+    _check_ndim(mat2, "mat2", "bmm", 3, "a batch of matrices")
+    _check_device(input, mat2, "bmm")
+    if input.shape[0] != mat2.shape[0]:
+        raise RuntimeError(f"bmm(): batch sizes differ: input {tuple(input.shape)} has "
+                           f"{input.shape[0]} matrices, mat2 {tuple(mat2.shape)} has "
+                           f"{mat2.shape[0]}")
+    if input.shape[2] != mat2.shape[1]:
+        raise _cannot_multiply("bmm", input, mat2, f"size {input.shape[2]} of input's last dim "
+                               f"!= size {mat2.shape[1]} of mat2's dim 1")
+    return Matmul.apply(input, mat2)
+
+
+@tensor_method()
+def mv(input, vec):
+    """(n, k) @ (k,) -> (n,)."""
+    _check_ndim(input, "input", "mv", 2, "a matrix")
+    _check_ndim(vec, "vec", "mv", 1, "a vector")
+    if input.shape[1] != vec.shape[0]:
+        raise _cannot_multiply("mv", input, vec, f"size {input.shape[1]} of input's last dim "
+                               f"!= size {vec.shape[0]} of vec")
+    return matmul(input, vec)
+
+
+@tensor_method()
+def dot(input, other):
+    """Inner product of two 1-D tensors of the same size (a 0-d tensor)."""
+    _check_ndim(input, "input", "dot", 1, "a vector")
+    _check_ndim(other, "other", "dot", 1, "a vector")
+    _check_device(input, other, "dot")
+    if input.shape[0] != other.shape[0]:
+        raise RuntimeError(f"dot(): inconsistent tensor size: input has {input.shape[0]} "
+                           f"elements and other has {other.shape[0]}")
+    return Dot.apply(input, other)
+
+
+# ------------------------------------------------------------------ linear
+class Linear(Function):
+    """input (*, in) @ weight (out, in).T + bias (out,), as one 2-D GEMM."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        in_f, out_f = weight.shape[1], weight.shape[0]
+        x2 = reshape(x, (-1, in_f))      # a view unless x's layout forbids it
+        ctx.save_for_backward(x2, weight)
+        ctx.in_shape, ctx.has_bias = tuple(x.shape), bias is not None
+        dt = x.dtype
+        for t in (weight, bias):
+            dt = dt if t is None else _dt.promote_types(dt, t.dtype)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        out = kernel("linear", x.device.type)(
+            compute_array(x2, dt), compute_array(weight, dt),
+            None if bias is None else compute_array(bias, dt))
+        return wrap(out.reshape(ctx.in_shape[:-1] + (out_f,)), dt, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        x2, w = ctx.saved_tensors
+        g2 = reshape(g, (-1, w.shape[0]))
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = reshape(matmul(g2, w), ctx.in_shape)
+            gx = gx if gx.dtype is x2.dtype else gx.to(x2.dtype)
+        if ctx.needs_input_grad[1]:
+            gw = _fit(matmul(g2.mT, x2), w)          # one GEMM over all rows
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = _sum(g2, 0)
+            gb = gb if gb.dtype is ctx.bias_dtype else gb.to(ctx.bias_dtype)
+        return gx, gw, gb
 
 
 def linear(input, weight, bias=None):
-    out = matmul(input, weight.t())
-    return out if bias is None else out + bias
+    """torch.nn.functional.linear: ``input @ weight.T + bias`` for input of any rank >= 1."""
+    check_tensor(input, "input", "linear")
+    check_tensor(weight, "weight", "linear")
+    if bias is not None:
+        check_tensor(bias, "bias", "linear")
+    if input.ndim == 0:
+        raise RuntimeError("linear(): input must be at least 1-D, got a 0-d tensor")
+    if weight.ndim not in (1, 2):
+        raise RuntimeError(f"linear(): weight must be 1-D or 2-D, got shape {tuple(weight.shape)}")
+    _check_device(input, weight, "linear")
+    if input.shape[-1] != weight.shape[-1]:
+        w_shape = tuple(weight.shape)
+        raise RuntimeError(f"linear(): input and weight shapes cannot be multiplied: input "
+                           f"{tuple(input.shape)} has {input.shape[-1]} features, weight "
+                           f"{w_shape} expects {w_shape[-1]}")
+    if weight.ndim == 1:
+        out = matmul(input, weight)
+        return out if bias is None else add(out, bias)
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        return add(Linear.apply(input, weight, None), bias)   # unusual bias: broadcast it
+    return Linear.apply(input, weight, bias)
+
+
+# ------------------------------------------------------------------ fused add + product
+def _add_scaled(prod, input, beta, alpha, op):
+    try:
+        shape = broadcast_shapes(tuple(input.shape), tuple(prod.shape), op=op)
+    except RuntimeError:
+        shape = None
+    if shape != tuple(prod.shape):
+        raise RuntimeError(f"{op}(): input of shape {tuple(input.shape)} cannot be broadcast "
+                           f"to the product's shape {tuple(prod.shape)}")
+    out = prod if alpha == 1 else mul(prod, alpha)
+    if beta == 0:                    # like PyTorch: input is ignored, NaNs in it too
+        return out
+    return add(out, input if beta == 1 else mul(input, beta))
+
+
+@tensor_method()
+def addmm(input, mat1, mat2, *, beta=1, alpha=1):
+    """beta * input + alpha * (mat1 @ mat2)."""
+    check_tensor(input, "input", "addmm")
+    return _add_scaled(mm(mat1, mat2), input, beta, alpha, "addmm")
+
+
+@tensor_method()
+def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
+    """beta * input + alpha * bmm(batch1, batch2)."""
+    check_tensor(input, "input", "baddbmm")
+    return _add_scaled(bmm(batch1, batch2), input, beta, alpha, "baddbmm")
