@@ -4,6 +4,8 @@ Philox (NumPy's ``Philox`` bit generator) is counter-based, so a state is just
 (key, counter): cheap to save in checkpoints and the same scheme the CUDA
 kernels use for reproducible dropout.
 """
+import json
+
 import numpy as np
 
 __all__ = ["Generator", "manual_seed", "seed", "initial_seed", "get_rng_state",
@@ -31,21 +33,38 @@ class Generator:
         return self._seed
 
     def get_state(self):
+        """The generator state as a uint8-valued int64 tensor (JSON of Philox's key/counter)."""
         from .ops.creation import tensor
-        import json
-        state = json.dumps(self._rng.bit_generator.state)
+        state = json.dumps(self._rng.bit_generator.state, default=_jsonable)
         return tensor(np.frombuffer(state.encode(), np.uint8).astype(np.int64))
 
     def set_state(self, state):
-        import json
         raw = bytes(np.asarray(state._data, np.uint8))
-        self._rng.bit_generator.state = json.loads(raw.decode())
+        try:
+            st = json.loads(raw.decode())
+            for part in ("state", "buffer"):  # Philox keeps counter/key/buffer as uint64 arrays
+                if isinstance(st.get(part), dict):
+                    st[part] = {k: np.asarray(v, np.uint64) if isinstance(v, list) else v
+                                for k, v in st[part].items()}
+                elif isinstance(st.get(part), list):
+                    st[part] = np.asarray(st[part], np.uint64)
+            self._rng.bit_generator.state = st
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"set_state: not a state from Generator.get_state() ({e})") from None
         return self
 
     @property
     def numpy(self):
         """The underlying NumPy Generator (for kernels that draw numbers)."""
         return self._rng
+
+
+def _jsonable(x):
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.integer):
+        return int(x)
+    raise TypeError(f"cannot serialise {type(x).__name__}")
 
 
 default_generator = Generator()

@@ -24,7 +24,8 @@ def float32_to_bfloat16(x):
 
 
 def bfloat16_to_float32(words):
-    return (np.asarray(words, order="C").astype(np.uint32) << 16).view(np.float32)
+    bits = np.asarray(words).astype(np.uint32) << np.uint32(16)
+    return np.asarray(bits).view(np.float32)
 
 
 @register("cast", "cpu")

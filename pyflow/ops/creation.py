@@ -19,6 +19,8 @@ def _finish(arr, dtype, device, requires_grad):
     device = as_device(device)
     check_available(device)
     t = wrap(arr, dtype, device)
+    if t._data.shape != arr.shape:   # the bfloat16 cast can drop a 0-d shape (cast.py)
+        t._data = t._data.reshape(arr.shape)
     if requires_grad:
         t.requires_grad_(True)
     return t
@@ -196,6 +198,8 @@ def randn(*size, generator=None, dtype=None, device=None, requires_grad=False):
 
 def randint(low, high=None, size=None, generator=None, dtype=None, device=None,
             requires_grad=False):
+    if size is None and isinstance(high, (tuple, list)):   # randint(high, size)
+        low, high, size = 0, low, high
     if high is None:
         low, high = 0, low
     if size is None:

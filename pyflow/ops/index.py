@@ -1,44 +1,678 @@
-"""Indexing: ``t[key]`` and ``t[key] = value``.
+"""Indexing: ``t[key]``, ``t[key] = value``, gather / scatter, index_select,
+masked_select, nonzero.
 
-Basic keys (ints, slices, None, ...) give views (``shape.SliceView``);
-advanced keys (bool masks, integer tensors) give copies, gather-style.
+A key is parsed once into two phases, which is exactly PyTorch's rule:
+
+1. *basic*: ints, slices, None and Ellipsis make a view (``shape.SliceView``);
+   every advanced entry is replaced by a full slice there;
+2. *advanced*: integer index arrays (bool masks become their ``nonzero``
+   columns) gather from that view with NumPy's placement rule: the broadcast
+   index dims replace the indexed dims in place when those are adjacent, and
+   go first otherwise.
+
+Because ints are applied in phase 1, ``x[0, :, [1, 2]]`` has shape ``(n, 2)``
+as in PyTorch (NumPy would give ``(2, n)``).  Basic keys return views sharing
+storage and version counter; advanced keys return copies whose backward
+scatter-adds, so duplicate indices accumulate their gradients.
+
+Lists used as keys are index tensors (``x[[0, 2]]``), also nested lists (the
+meaning PyTorch announced for its deprecated nested-list-as-tuple case).
 """
+import numbers
+import operator
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..autograd import Function, is_grad_enabled
 from ..tensor import Tensor
 from ._method import tensor_method
-from .shape import SliceView
+from ._util import broadcast_shapes, check_tensor, compute_array, kernel, unbroadcast, wrap
+from .shape import SliceScatter, SliceView, basic_view, expand, reshape
 
-__all__ = []
-
-
-def _is_basic(key):
-    return all(k is None or k is Ellipsis or isinstance(k, (int, slice)) and not isinstance(k, bool)
-               for k in key)
+__all__ = ["gather", "scatter", "scatter_add", "index_select", "index_add", "masked_select",
+           "nonzero", "take_along_dim", "index_put", "argwhere"]
 
 
-def _check_basic(t, key):
-    shape = t._data.shape
-    dim = 0
-    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
-    if n_real > len(shape):
-        raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
-    for k in key:
-        if k is Ellipsis:
-            dim += len(shape) - n_real
-        elif k is None:
-            continue
+# ------------------------------------------------------------------ key parsing
+class _Key:
+    """A parsed key: ``basic`` (tuple for a view, or None when it is the whole
+    tensor) then ``adv`` (tuple of full slices / int64 arrays over the view's
+    dims, or None when the key is basic only)."""
+    __slots__ = ("basic", "adv")
+
+    def __init__(self, basic, adv):
+        self.basic, self.adv = basic, adv
+
+
+def _index_array(obj, what="index"):
+    """An int64 or bool NumPy array from a Tensor / ndarray / (nested) list, else None."""
+    if isinstance(obj, Tensor):
+        arr, dt = obj._data, obj.dtype
+        if dt.is_floating_point:
+            raise IndexError(f"tensors used as indices must be long, int or bool tensors, "
+                             f"got a tensor of dtype {dt}")
+        return arr
+    arr = np.asarray(obj)
+    if arr.dtype == object:
+        raise IndexError(f"{what}: could not convert {obj!r} to an index tensor")
+    if arr.size == 0 and arr.dtype.kind == "f":  # x[[]] indexes nothing, like PyTorch
+        return arr.astype(np.int64)
+    if arr.dtype.kind not in "biu":
+        raise IndexError(f"tensors used as indices must be long, int or bool tensors, "
+                         f"got {arr.dtype} values in {obj!r}")
+    return arr
+
+
+def _slice(s):
+    def bound(v, name):
+        if v is None:
+            return None
+        try:
+            return operator.index(v)
+        except TypeError:
+            raise TypeError(f"slice {name} must be an int or None, got {v!r}") from None
+    start, stop, step = bound(s.start, "start"), bound(s.stop, "stop"), bound(s.step, "step")
+    if step is not None and step <= 0:
+        raise ValueError(f"step must be greater than zero (got slice step {step}; "
+                         f"use flip() to reverse)")
+    return slice(start, stop, step)
+
+
+def _classify(k):
+    """One key entry -> (kind, value) with kind in int/slice/none/ellipsis/array/mask/bool."""
+    if k is None:
+        return "none", None
+    if k is Ellipsis:
+        return "ellipsis", None
+    if isinstance(k, (bool, np.bool_)):
+        return "bool", bool(k)
+    if isinstance(k, (int, np.integer)):
+        return "int", int(k)
+    if isinstance(k, slice):
+        return "slice", _slice(k)
+    if isinstance(k, (Tensor, np.ndarray, list, tuple)):
+        arr = _index_array(k)
+        if arr.dtype == np.bool_:
+            return ("bool", bool(arr)) if arr.ndim == 0 else ("mask", arr.astype(bool, copy=False))
+        if arr.ndim == 0 and isinstance(k, Tensor):   # x[tensor(1)] is x[1]: a view
+            return "int", int(arr)
+        return "array", arr.astype(np.int64, copy=False)
+    raise IndexError(f"only integers, slices (`:`), ellipsis (`...`), None and long or bool "
+                     f"tensors are valid indices (got {type(k).__name__})")
+
+
+def _parse(shape, key):
+    if not isinstance(key, tuple):
+        key = (key,)
+    entries = [_classify(k) for k in key]
+    if sum(kind == "ellipsis" for kind, _ in entries) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    consumed = sum(1 if kind in ("int", "slice", "array") else v.ndim if kind == "mask" else 0
+                   for kind, v in entries)
+    ndim = len(shape)
+    if consumed > ndim:
+        raise IndexError(f"too many indices for tensor of dimension {ndim} "
+                         f"(got {consumed} indexed dimensions)")
+    basic, adv = [], {}
+    src = out = 0            # current dim of the tensor / of the phase-1 view
+    for kind, v in entries:
+        if kind == "ellipsis":
+            n = ndim - consumed
+            basic += [slice(None)] * n
+            src, out = src + n, out + n
+        elif kind == "none":
+            basic.append(None)
+            out += 1
+        elif kind == "bool":     # x[True] adds a dim of 1, x[False] one of 0
+            basic.append(None)
+            adv[out] = np.zeros(1 if v else 0, np.int64)
+            out += 1
+        elif kind == "int":
+            size = shape[src]
+            if not -size <= v < size:
+                raise IndexError(f"index {v} is out of bounds for dimension {src} with size {size}")
+            basic.append(v % size)
+            src += 1
+        elif kind == "slice":
+            basic.append(v)
+            src, out = src + 1, out + 1
+        elif kind == "array":
+            size = shape[src]
+            if v.size:
+                lo, hi = int(v.min()), int(v.max())
+                bad = hi if hi >= size else lo
+                if hi >= size or lo < -size:
+                    raise IndexError(f"index {bad} is out of bounds for dimension {src} "
+                                     f"with size {size}")
+                if lo < 0:
+                    v = np.where(v < 0, v + size, v)
+            basic.append(slice(None))
+            adv[out] = v
+            src, out = src + 1, out + 1
+        else:  # mask: k dims become k index arrays
+            k = v.ndim
+            if tuple(v.shape) != tuple(shape[src:src + k]):
+                for j in range(k):
+                    if v.shape[j] != shape[src + j]:
+                        raise IndexError(
+                            f"The shape of the mask {list(v.shape)} at index {j} does not match "
+                            f"the shape of the indexed tensor {list(shape)} at index {src + j}")
+            for col in np.nonzero(v):
+                basic.append(slice(None))
+                adv[out] = col.astype(np.int64, copy=False)
+                out += 1
+            src += k
+    if adv:
+        arrays = list(adv.values())
+        try:
+            arrays = np.broadcast_arrays(*arrays)
+        except ValueError:
+            raise IndexError("shape mismatch: indexing tensors could not be broadcast together "
+                             "with shapes " + ", ".join(str(list(a.shape)) for a in arrays)
+                             ) from None
+        adv = dict(zip(adv, arrays))
+        adv_key = tuple(adv.get(d, slice(None)) for d in range(max(adv) + 1))
+    else:
+        adv_key = None
+    trivial = all(isinstance(b, slice) and b == slice(None) for b in basic)
+    return _Key(None if trivial else tuple(basic), adv_key)
+
+
+def _result_shape(view_shape, adv):
+    """Shape of ``view[adv]`` without computing it."""
+    dims = [d for d, k in enumerate(adv) if isinstance(k, np.ndarray)]
+    b = adv[dims[0]].shape
+    rest = [s for d, s in enumerate(view_shape) if d not in dims]
+    if dims == list(range(dims[0], dims[-1] + 1)):
+        return tuple(view_shape[:dims[0]]) + b + tuple(view_shape[dims[-1] + 1:])
+    return b + tuple(rest)
+
+
+def _accumulate_put(dst, adv, vals):
+    """dst[adv] += vals with duplicate indices accumulating (dst modified in place)."""
+    dims = [d for d, k in enumerate(adv) if isinstance(k, np.ndarray)]
+    shape = dst.shape
+    sizes = tuple(shape[d] for d in dims)
+    rows = np.ravel_multi_index(tuple(adv[d] for d in dims), sizes).reshape(-1)
+    vals = np.broadcast_to(vals, _result_shape(shape, adv))
+    n_b = rows.size
+    adjacent = dims == list(range(dims[0], dims[-1] + 1))
+    if adjacent and dst.flags.c_contiguous:
+        outer = int(np.prod(shape[:dims[0]], dtype=np.int64))
+        inner = int(np.prod(shape[dims[-1] + 1:], dtype=np.int64))
+        dst3 = dst.reshape(outer, int(np.prod(sizes, dtype=np.int64)), inner)
+        src3 = np.ascontiguousarray(vals).reshape(outer, n_b, inner)
+        kernel("index_add", "cpu")(dst3, rows, src3)
+        return dst
+    # General case: move the indexed dims first in a contiguous copy, add, copy back.
+    rest = [d for d in range(len(shape)) if d not in dims]
+    perm = dims + rest
+    tmp = np.ascontiguousarray(np.transpose(dst, perm))
+    if adjacent:  # the broadcast index dims sit at dims[0] in vals: move them first
+        nb = len(adv[dims[0]].shape)
+        vals = np.moveaxis(vals, list(range(dims[0], dims[0] + nb)), list(range(nb)))
+    inner = int(np.prod([shape[d] for d in rest], dtype=np.int64))
+    kernel("index_add", "cpu")(tmp.reshape(1, -1, inner), rows,
+                               np.ascontiguousarray(vals).reshape(1, n_b, inner))
+    dst[...] = np.transpose(tmp, np.argsort(perm))
+    return dst
+
+
+# ------------------------------------------------------------------ differentiable pieces
+class Index(Function):
+    """``x[adv]`` for an advanced key over all of ``x``: a copy."""
+
+    @staticmethod
+    def forward(ctx, x, adv):
+        ctx.shape, ctx.adv, ctx.dtype = x._data.shape, adv, x.dtype
+        return Tensor._make(kernel("index", x.device.type)(x._data, adv), x.dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        return IndexAccumulate.apply(g, ctx.shape, ctx.adv), None
+
+
+class IndexAccumulate(Function):
+    """Zeros of ``shape`` with ``g`` scatter-added at ``adv``: Index's backward."""
+
+    @staticmethod
+    def forward(ctx, g, shape, adv):
+        ctx.adv = adv
+        out = np.zeros(shape, g.dtype.compute)
+        _accumulate_put(out, adv, compute_array(g, g.dtype))
+        return wrap(out, g.dtype, g.device)
+
+    @staticmethod
+    def backward(ctx, gg):
+        return Index.apply(gg, ctx.adv), None, None
+
+
+def _take(t, key):
+    """``t[key]`` for a parsed key, recorded for autograd."""
+    if key.basic is not None:
+        t = SliceView.apply(t, key.basic)
+    if key.adv is not None:
+        t = Index.apply(t, key.adv)
+    return t
+
+
+def _put_array(dst, key, vals, accumulate):
+    """Write ``vals`` (an array in dst's dtype) into the NumPy array ``dst`` at ``key``."""
+    target = basic_view(dst, key.basic) if key.basic is not None else dst
+    try:
+        if key.adv is None:
+            if accumulate:
+                target += vals
+            else:
+                target[...] = vals
+        elif accumulate:
+            _accumulate_put(target, key.adv, vals)
         else:
-            if isinstance(k, int) and not -shape[dim] <= k < shape[dim]:
-                raise IndexError(f"index {k} is out of bounds for dimension {dim} with size "
-                                 f"{shape[dim]}")
-            if isinstance(k, slice) and k.step is not None and k.step <= 0:
-                raise ValueError("step must be greater than zero")
-            dim += 1
+            target[key.adv] = vals
+    except ValueError as e:
+        if not dst.flags.writeable or "read-only" in str(e):
+            raise RuntimeError(
+                "unsupported operation: more than one element of the written-to tensor refers "
+                "to a single memory location (an expanded tensor); clone() it before writing"
+            ) from None
+        res = target.shape if key.adv is None else _result_shape(target.shape, key.adv)
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(np.shape(vals))} cannot "
+                           f"be broadcast to indexing result of shape {list(res)}") from None
 
 
+class IndexPut(Function):
+    """Out-of-place ``x[key] = values`` (or ``+=`` with ``accumulate``)."""
+
+    @staticmethod
+    def forward(ctx, x, values, key, accumulate):
+        ctx.key, ctx.accumulate = key, accumulate
+        ctx.v_shape, ctx.v_dtype = tuple(values.shape), values.dtype
+        out = np.array(x._compute(), copy=True, order="C")
+        _put_array(out, key, compute_array(values, x.dtype), accumulate)
+        return wrap(out, x.dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        gx = gv = None
+        if ctx.needs_input_grad[0]:
+            gx = g if ctx.accumulate else IndexPut.apply(
+                g, Tensor._make(np.zeros((), g.dtype.storage), g.dtype, g.device), ctx.key, False)
+        if ctx.needs_input_grad[1]:
+            gv = unbroadcast(_take(g, ctx.key), ctx.v_shape)
+            gv = gv if gv.dtype is ctx.v_dtype else gv.to(ctx.v_dtype)
+        return gx, gv, None, None
+
+
+def _as_value_tensor(value, like, op):
+    if isinstance(value, Tensor):
+        if value.device != like.device:
+            raise RuntimeError(f"{op}: value is on {value.device}, the tensor on {like.device}")
+        return value
+    if isinstance(value, (numbers.Number, np.number, np.ndarray, list)):
+        from .creation import tensor
+        return tensor(value, dtype=like.dtype, device=like.device)
+    raise TypeError(f"{op}: value must be a Tensor or a number, not {type(value).__name__}")
+
+
+# ------------------------------------------------------------------ t[key], t[key] = v
 @tensor_method("__getitem__")
 def getitem(self, key):
-    key = key if isinstance(key, tuple) else (key,)
-    if _is_basic(key):
-        _check_basic(self, key)
-        return SliceView.apply(self, key)
-    raise TypeError(f"index: unsupported key {key!r}")
+    return _take(self, _parse(self._data.shape, key))
+
+
+def _full_mask_fill(self, key, value):
+    """``x[mask] = number`` with a mask of x's own shape (the common masking idiom):
+    one masked copy instead of nonzero + scatter; True when it handled the write."""
+    if not (isinstance(key, Tensor) and key.dtype is _dt.bool and
+            key._data.shape == self._data.shape and isinstance(value, (int, float, bool)) and
+            not (is_grad_enabled() and self.requires_grad)):
+        return False
+    from .creation import full
+    fill = full((), value, dtype=self.dtype)._data
+    try:
+        np.copyto(self._data, fill, where=key._data)
+    except ValueError:
+        return False        # read-only (expanded) target: let the general path explain
+    self._version[0] += 1
+    return True
+
+
+@tensor_method("__setitem__")
+def setitem(self, key, value):
+    if _full_mask_fill(self, key, value):
+        return
+    parsed = _parse(self._data.shape, key)
+    value = _as_value_tensor(value, self, "__setitem__")
+    if is_grad_enabled() and (self.requires_grad or value.requires_grad):
+        from .elementwise import _inplace
+        _inplace(self, lambda s, v: IndexPut.apply(s, v, parsed, False), value)
+        return
+    vals = value._data if value.dtype is self.dtype else \
+        kernel("cast", value.device.type)(value._data, value.dtype, self.dtype)
+    _put_array(self._data, parsed, vals, False)
+    self._version[0] += 1
+
+
+def index_put(input, indices, values, accumulate=False):
+    """``out = input.clone(); out[indices] = values`` (``+=`` with accumulate=True)."""
+    check_tensor(input, "input", "index_put")
+    if not isinstance(indices, (tuple, list)):
+        raise TypeError(f"index_put(): indices must be a tuple of Tensors, got "
+                        f"{type(indices).__name__}")
+    key = _parse(input._data.shape, tuple(indices))
+    return IndexPut.apply(input, _as_value_tensor(values, input, "index_put"), key,
+                          bool(accumulate))
+
+
+Tensor.index_put = index_put
+
+
+@tensor_method()
+def index_put_(input, indices, values, accumulate=False):
+    from .elementwise import _inplace
+    return _inplace(input, lambda s, v: index_put(s, indices, v, accumulate),
+                    _as_value_tensor(values, input, "index_put_"))
+
+
+# ------------------------------------------------------------------ gather / scatter
+def _check_index(index, op, name="index"):
+    check_tensor(index, name, op)
+    if index.dtype not in (_dt.int64, _dt.int32):
+        raise RuntimeError(f"{op}(): Expected dtype int64 for {name}, got {index.dtype}")
+    return index
+
+
+def _check_bounds(idx, size, dim, op):
+    """Indices must lie in [0, size) (gather/scatter take no negative indices)."""
+    if idx.size:
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= size:
+            raise IndexError(f"{op}(): index {hi if hi >= size else lo} is out of bounds for "
+                             f"dimension {dim} with size {size}")
+
+
+def _fold3(arr, d):
+    """Reshape a C-contiguous array to (outer, size[d], inner)."""
+    shape = arr.shape
+    return arr.reshape(int(np.prod(shape[:d], dtype=np.int64)), shape[d],
+                       int(np.prod(shape[d + 1:], dtype=np.int64)))
+
+
+def _region(shape, index_shape, d):
+    """Slices restricting every dim but ``d`` to the index's extent."""
+    return tuple(slice(None) if i == d else slice(0, index_shape[i]) for i in range(len(shape)))
+
+
+def _gather_args(input, dim, index, op, other=None):
+    check_tensor(input, "input", op)
+    _check_index(index, op)
+    d = input._wrap_dim(dim) if input.ndim else input._wrap_dim(dim, 1)
+    nd = max(input.ndim, 1)
+    if max(index.ndim, 1) != nd:
+        raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as "
+                           f"input tensor (index shape {tuple(index.shape)}, input shape "
+                           f"{tuple(input.shape)})")
+    ishape = input._data.shape or (1,)
+    xshape = index._data.shape or (1,)
+    for i in range(nd):
+        if i != d and xshape[i] > ishape[i]:
+            raise RuntimeError(f"{op}(): Size does not match at dimension {i} expected index "
+                               f"{list(index.shape)} to be no larger than self "
+                               f"{list(input.shape)} apart from dimension {d}")
+        if other is not None and xshape[i] > (other._data.shape or (1,))[i]:
+            raise RuntimeError(f"{op}(): Expected index {list(index.shape)} to be no larger than "
+                               f"src {list(other.shape)} at dimension {i}")
+    return d
+
+
+class Gather(Function):
+    @staticmethod
+    def forward(ctx, x, d, index):
+        ctx.x_shape, ctx.d, ctx.index = x._data.shape, d, index
+        data = x._data.reshape(x._data.shape or (1,))
+        idx = np.ascontiguousarray(index._data.reshape(index._data.shape or (1,)), np.int64)
+        _check_bounds(idx, data.shape[d], d, "gather")
+        src = np.ascontiguousarray(data[_region(data.shape, idx.shape, d)])
+        out = kernel("gather", x.device.type)(_fold3(src, d), _fold3(idx, d))
+        return Tensor._make(out.reshape(index._data.shape), x.dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        from .creation import zeros
+        z = zeros(ctx.x_shape, dtype=g.dtype, device=g.device)
+        return ScatterAdd.apply(z, ctx.d, ctx.index, g, True), None, None
+
+
+class ScatterAdd(Function):
+    """``out = input.clone(); out[index] (+)= src`` along ``d`` (accumulate or assign)."""
+
+    @staticmethod
+    def forward(ctx, x, d, index, src, accumulate):
+        ctx.d, ctx.index, ctx.accumulate = d, index, accumulate
+        ctx.src_shape = tuple(src.shape)
+        shape = x._data.shape or (1,)
+        out = np.array(x._compute(), copy=True, order="C").reshape(shape)
+        idx = np.ascontiguousarray(index._data.reshape(index._data.shape or (1,)), np.int64)
+        _check_bounds(idx, shape[d], d, "scatter_add" if accumulate else "scatter")
+        s = compute_array(src, x.dtype)
+        s = np.ascontiguousarray(s.reshape(s.shape or (1,))[_region(s.shape or (1,), idx.shape, d)])
+        region = _region(shape, idx.shape, d)
+        run = kernel("scatter", x.device.type)
+        if out[region].shape == shape:
+            run(_fold3(out, d), _fold3(idx, d), _fold3(s, d), accumulate)
+        elif accumulate:   # the index covers part of the other dims: scatter into a block
+            block = np.zeros(out[region].shape, out.dtype)
+            run(_fold3(block, d), _fold3(idx, d), _fold3(s, d), True)
+            out[region] += block
+        else:
+            block = np.ascontiguousarray(out[region])
+            run(_fold3(block, d), _fold3(idx, d), _fold3(s, d), False)
+            out[region] = block
+        return wrap(out.reshape(x._data.shape), x.dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        gx = gs = None
+        if ctx.needs_input_grad[0]:
+            gx = g if ctx.accumulate else ScatterAdd.apply(
+                g, ctx.d, ctx.index, Tensor._make(np.zeros(tuple(ctx.index.shape), g.dtype.storage),
+                                                  g.dtype, g.device), False)
+        if ctx.needs_input_grad[3]:
+            gs = Gather.apply(g, ctx.d, ctx.index)
+            if tuple(gs.shape) != ctx.src_shape:   # src larger than index: zeros elsewhere
+                gs = SliceScatter.apply(gs, ctx.src_shape,
+                                        tuple(slice(0, n) for n in gs.shape))
+        return gx, None, None, gs, None
+
+
+@tensor_method()
+def gather(input, dim, index, *, sparse_grad=False):
+    """out[i][j][k] = input[index[i][j][k]][j][k] (for dim=0), shape of ``index``."""
+    d = _gather_args(input, dim, index, "gather")
+    return Gather.apply(input, d, index)
+
+
+@tensor_method()
+def take_along_dim(input, indices, dim=None):
+    check_tensor(input, "input", "take_along_dim")
+    _check_index(indices, "take_along_dim", "indices")
+    if dim is None:
+        return gather(reshape(input, (-1,)), 0, reshape(indices, (-1,)))
+    d = input._wrap_dim(dim)
+    if input.ndim != indices.ndim:
+        raise RuntimeError(f"take_along_dim(): input and indices should have the same number of "
+                           f"dimensions, but got {input.ndim} and {indices.ndim}")
+    ishape, xshape = list(input.shape), list(indices.shape)
+    ishape[d] = xshape[d] = 1
+    b = broadcast_shapes(tuple(ishape), tuple(xshape), op="take_along_dim")
+    in_b = list(b)
+    in_b[d] = input.shape[d]
+    ix_b = list(b)
+    ix_b[d] = indices.shape[d]
+    return gather(expand(input, tuple(in_b)), d, expand(indices, tuple(ix_b)))
+
+
+def _scatter_src(input, src, value, op):
+    if src is not None and value is not None:
+        raise TypeError(f"{op}(): pass either src or value, not both")
+    if src is None:
+        src = value
+    if src is None:
+        raise TypeError(f"{op}(): missing argument 'src' (a Tensor) or 'value' (a number)")
+    return src
+
+
+@tensor_method()
+def scatter(input, dim, index, src=None, *, value=None, reduce=None):
+    """out = input.clone(); out[index[i][j]][j] = src[i][j] (dim=0); src may be a number."""
+    src = _scatter_src(input, src, value, "scatter")
+    if reduce is not None:
+        if reduce in ("add", "sum"):
+            return scatter_add(input, dim, index, src if isinstance(src, Tensor) else
+                               _broadcast_value(src, input, index))
+        raise NotImplementedError(f"scatter(): reduce={reduce!r} is not supported (use 'add')")
+    if not isinstance(src, Tensor):
+        src = _broadcast_value(src, input, index)
+    d = _gather_args(input, dim, index, "scatter", src)
+    return ScatterAdd.apply(input, d, index, src, False)
+
+
+def _broadcast_value(value, input, index):
+    from .creation import full
+    return full(tuple(index.shape), value, dtype=input.dtype, device=input.device)
+
+
+@tensor_method()
+def scatter_add(input, dim, index, src):
+    """out = input.clone(); out[index[i][j]][j] += src[i][j] (dim=0); duplicates accumulate."""
+    check_tensor(src, "src", "scatter_add")
+    d = _gather_args(input, dim, index, "scatter_add", src)
+    return ScatterAdd.apply(input, d, index, src, True)
+
+
+@tensor_method()
+def scatter_(input, dim, index, src=None, *, value=None, reduce=None):
+    from .elementwise import _inplace
+    src = _scatter_src(input, src, value, "scatter_")
+    if isinstance(src, Tensor):   # passed through so autograd sees it as an input
+        return _inplace(input, lambda s, v: scatter(s, dim, index, v, reduce=reduce), src)
+    return _inplace(input, lambda s: scatter(s, dim, index, src, reduce=reduce))
+
+
+@tensor_method()
+def scatter_add_(input, dim, index, src):
+    from .elementwise import _inplace
+    return _inplace(input, lambda s, v: scatter_add(s, dim, index, v), src)
+
+
+# ------------------------------------------------------------------ index_select / index_add
+def _index_vector(index, size, d, op):
+    _check_index(index, op)
+    if index.ndim > 1:
+        raise IndexError(f"{op}(): index must be a vector (0-d or 1-d), got shape "
+                         f"{tuple(index.shape)}")
+    idx = np.ascontiguousarray(index._data.reshape(-1), np.int64)
+    _check_bounds(idx, size, d, op)
+    return idx
+
+
+class IndexSelect(Function):
+    @staticmethod
+    def forward(ctx, x, d, index):
+        ctx.x_shape, ctx.d, ctx.index = x._data.shape, d, index
+        data = x._data.reshape(x._data.shape or (1,))
+        idx = _index_vector(index, data.shape[d], d, "index_select")
+        out = kernel("index_select", x.device.type)(data, d, idx)
+        if x.ndim == 0:
+            out = out.reshape(())
+        return Tensor._make(out, x.dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        from .creation import zeros
+        z = zeros(ctx.x_shape, dtype=g.dtype, device=g.device)
+        return IndexAdd.apply(z, ctx.d, ctx.index, g, 1), None, None
+
+
+class IndexAdd(Function):
+    @staticmethod
+    def forward(ctx, x, d, index, src, alpha):
+        ctx.d, ctx.index, ctx.alpha = d, index, alpha
+        shape = x._data.shape or (1,)
+        idx = _index_vector(index, shape[d], d, "index_add")
+        out = np.array(x._compute(), copy=True, order="C").reshape(shape)
+        s = compute_array(src, x.dtype).reshape(src._data.shape or (1,))
+        if alpha != 1:
+            s = s * alpha
+        kernel("index_add", x.device.type)(_fold3(out, d), idx, _fold3(np.ascontiguousarray(s), d))
+        return wrap(out.reshape(x._data.shape), x.dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        gs = None
+        if ctx.needs_input_grad[3]:
+            gs = IndexSelect.apply(g, ctx.d, ctx.index)
+            if ctx.alpha != 1:
+                gs = gs * ctx.alpha
+        return g, None, None, gs, None
+
+
+@tensor_method()
+def index_select(input, dim, index):
+    check_tensor(input, "input", "index_select")
+    d = input._wrap_dim(dim) if input.ndim else input._wrap_dim(dim, 1)
+    return IndexSelect.apply(input, d, index)
+
+
+@tensor_method()
+def index_add(input, dim, index, source, *, alpha=1):
+    """out = input.clone(); out.select(dim, index[i]) += alpha * source.select(dim, i)."""
+    check_tensor(input, "input", "index_add")
+    check_tensor(source, "source", "index_add")
+    d = input._wrap_dim(dim) if input.ndim else input._wrap_dim(dim, 1)
+    expect = list(input.shape or (1,))
+    n = index.numel()
+    expect[d] = n
+    if list(source.shape or (1,)) != expect:
+        raise RuntimeError(f"index_add(): source shape {list(source.shape)} must match input "
+                           f"shape {list(input.shape)} with dimension {d} of size {n} (the "
+                           f"number of indices)")
+    return IndexAdd.apply(input, d, index, source, alpha)
+
+
+@tensor_method()
+def index_add_(input, dim, index, source, *, alpha=1):
+    from .elementwise import _inplace
+    return _inplace(input, lambda s, v: index_add(s, dim, index, v, alpha=alpha), source)
+
+
+# ------------------------------------------------------------------ masks and nonzero
+@tensor_method()
+def masked_select(input, mask):
+    """The elements of ``input`` where ``mask`` is True, as a 1-D tensor (both broadcast)."""
+    check_tensor(input, "input", "masked_select")
+    check_tensor(mask, "mask", "masked_select")
+    if mask.dtype is not _dt.bool:
+        raise RuntimeError(f"masked_select(): expected a bool mask, got {mask.dtype}")
+    shape = broadcast_shapes(tuple(input.shape), tuple(mask.shape), op="masked_select")
+    x = input if tuple(input.shape) == shape else expand(input, shape)
+    m = np.broadcast_to(mask._data, shape)
+    key = _Key(None, tuple(np.nonzero(m))) if shape else _Key((None,), (m.reshape(1).nonzero()[0],))
+    return _take(x, key)
+
+
+@tensor_method()
+def nonzero(input, *, as_tuple=False):
+    """Indices of the non-zero elements: an (n, ndim) int64 tensor, or ndim 1-D tensors."""
+    check_tensor(input, "input", "nonzero")
+    data = input._data if input.dtype is not _dt.bfloat16 else input._compute()
+    if as_tuple:
+        cols = np.nonzero(data) if data.ndim else np.nonzero(data.reshape(1))
+        return tuple(Tensor._make(c.astype(np.int64), _dt.int64, input.device) for c in cols)
+    return Tensor._make(np.argwhere(data).astype(np.int64), _dt.int64, input.device)
+
+
+@tensor_method()
+def argwhere(input):
+    return nonzero(input)

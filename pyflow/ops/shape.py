@@ -275,13 +275,21 @@ def _slice_key(key):
     return tuple(k if not isinstance(k, slice) else (k.start, k.stop, k.step) for k in key)
 
 
+def basic_view(arr, key):
+    """``arr[key]`` for a basic key, always an ndarray view: NumPy returns a scalar
+    *copy* for a key of all ints, unless the key holds an Ellipsis."""
+    if any(k is Ellipsis for k in key):
+        return arr[key]
+    return arr[key + (Ellipsis,)]
+
+
 class SliceView(Function):
     """``x[key]`` for a basic key (ints, slices, None, Ellipsis): a view."""
 
     @staticmethod
     def forward(ctx, x, key):
         ctx.in_shape, ctx.key, ctx.dtype = x._data.shape, key, x.dtype
-        return x._view_of(x._data[key])
+        return x._view_of(basic_view(x._data, key))
 
     @staticmethod
     def backward(ctx, g):
@@ -295,7 +303,7 @@ class SliceScatter(Function):
     def forward(ctx, g, shape, key):
         ctx.key = key
         out = np.zeros(shape, g._data.dtype)
-        out[key] = g._data
+        basic_view(out, key)[...] = g._data
         return Tensor._make(out, g.dtype, g.device)
 
     @staticmethod
@@ -357,7 +365,9 @@ def chunk(input, chunks, dim=0):
     if not isinstance(chunks, int) or chunks <= 0:
         raise RuntimeError(f"chunk(): chunks must be a positive int, got {chunks!r}")
     size = input._data.shape[input._wrap_dim(dim)]
-    step = max(1, -(-size // chunks))
+    if size == 0:   # PyTorch gives ``chunks`` empty pieces
+        return split(input, [0] * chunks, dim)
+    step = -(-size // chunks)
     return split(input, step, dim)
 
 
