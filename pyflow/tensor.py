@@ -20,6 +20,11 @@ from .device import CPU, as_device, check_available
 __all__ = ["Tensor", "Size"]
 
 
+# Exact classes that are tensors (Tensor and its subclasses register here), so
+# hot paths can test ``type(x) in TENSOR_TYPES`` instead of a slower isinstance.
+TENSOR_TYPES = set()
+
+
 class Size(tuple):
     """torch.Size: a tuple of ints."""
 
@@ -322,3 +327,6 @@ class Tensor:
     def __reduce_ex__(self, proto):
         from .utils.serialization import _rebuild_tensor
         return (_rebuild_tensor, (np.array(self._data), self.dtype.name, self.requires_grad))
+
+
+TENSOR_TYPES.add(Tensor)

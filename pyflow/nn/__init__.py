@@ -1,1 +1,8 @@
-"""(being written)"""
+"""pyflow.nn: modules, layers, losses, init and functional (PyTorch's ``torch.nn``)."""
+from . import functional, init, utils
+from .module import Module
+from .modules import *  # noqa: F401,F403
+from .modules import __all__ as _layers
+from .parameter import Parameter
+
+__all__ = ["Module", "Parameter", "functional", "init", "utils"] + list(_layers)

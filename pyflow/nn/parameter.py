@@ -1,5 +1,5 @@
 """nn.Parameter: a leaf tensor that a Module registers as a parameter."""
-from ..tensor import Tensor
+from ..tensor import TENSOR_TYPES, Tensor
 
 
 class Parameter(Tensor):
@@ -23,6 +23,25 @@ class Parameter(Tensor):
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
 
+    # Tensor binds __str__ to its own __repr__; print(param) must show the header too.
+    __str__ = __repr__
+
+    def __deepcopy__(self, memo):
+        """copy.deepcopy(model): a new Parameter with a copy of the data (and grad)."""
+        if id(self) in memo:
+            return memo[id(self)]
+        from ..ops.shape import clone
+        from ..autograd import no_grad
+        with no_grad():
+            p = Parameter(clone(self.detach()), self.requires_grad)
+            if self.grad is not None:
+                p.grad = clone(self.grad.detach())
+        memo[id(self)] = p
+        return p
+
     def __reduce_ex__(self, proto):
         from ..ops.creation import tensor
         return (Parameter, (tensor(self.detach()._compute(), dtype=self.dtype), self.requires_grad))
+
+
+TENSOR_TYPES.add(Parameter)

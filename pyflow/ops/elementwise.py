@@ -13,7 +13,7 @@ from ..autograd import Function, is_grad_enabled
 from ..kernels import scalar as _scalar
 from ..tensor import Tensor
 from ._method import tensor_method
-from ..nn.parameter import Parameter
+from ..tensor import TENSOR_TYPES as _TENSOR_TYPES
 from ._util import broadcast_shapes, compute_array, kernel, scalar_of, unbroadcast, wrap
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "exp", "log", "sqrt", "rsqrt",
@@ -23,8 +23,6 @@ __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "exp", "log"
            "remainder", "square", "isnan", "isinf", "isfinite", "multiply", "subtract", "divide",
            "greater", "less", "equal", "allclose", "isclose"]
 
-
-_TENSOR_TYPES = (Tensor, Parameter)
 
 # ------------------------------------------------------------------ forward helpers
 def _device_of(*xs):
