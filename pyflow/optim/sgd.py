@@ -1,0 +1,58 @@
+"""SGD with momentum, dampening, Nesterov, weight decay and maximize (torch.optim.SGD)."""
+from ..autograd import no_grad
+from ..ops._util import kernel
+from .optimizer import FlatParam, Optimizer, flat_grad, flat_state, scalar_value, zeros_state
+
+__all__ = ["SGD"]
+
+
+class SGD(Optimizer):
+    def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0,
+                 nesterov=False, *, maximize=False, foreach=None, differentiable=False,
+                 fused=None):
+        # foreach/fused are accepted for torch compatibility: every step here is
+        # already one fused kernel per parameter.
+        if differentiable:
+            raise NotImplementedError("SGD: differentiable=True (autograd through the "
+                                      "optimizer step) is not supported")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
+                        foreach=foreach, differentiable=differentiable, fused=fused)
+        super().__init__(params, defaults)
+
+    def _check_group(self, group):
+        """torch.optim.SGD's argument checks, with its messages."""
+        lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= momentum:
+            raise ValueError(f"Invalid momentum value: {momentum}")
+        if not 0.0 <= wd:
+            raise ValueError(f"Invalid weight_decay value: {wd}")
+        if group["nesterov"] and (momentum <= 0 or group["dampening"] != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+    @no_grad()
+    def step(self, closure=None):
+        loss = self._run_closure(closure)
+        for group in self.param_groups:
+            momentum = group["momentum"]
+            lr = scalar_value(group["lr"])
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                first = False
+                buf = None
+                if momentum != 0:
+                    if state.get("momentum_buffer") is None:
+                        state["momentum_buffer"] = zeros_state(p)
+                        first = True
+                    buf = flat_state(state, "momentum_buffer")
+                flat = FlatParam(p)
+                kernel("sgd_step", p.device.type)(
+                    flat.array, flat_grad(p), buf, lr=lr, momentum=momentum,
+                    dampening=group["dampening"], weight_decay=group["weight_decay"],
+                    nesterov=group["nesterov"], maximize=group["maximize"], first_step=first)
+                flat.write_back()
+        return loss

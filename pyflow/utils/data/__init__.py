@@ -1,0 +1,12 @@
+"""pyflow.utils.data: datasets, samplers, collation and the DataLoader
+(torch.utils.data's interface)."""
+from .collate import default_collate, default_convert
+from .dataloader import DataLoader
+from .dataset import (ConcatDataset, Dataset, IterableDataset, Subset, TensorDataset,
+                      random_split)
+from .sampler import (BatchSampler, RandomSampler, Sampler, SequentialSampler,
+                      SubsetRandomSampler)
+
+__all__ = ["DataLoader", "Dataset", "IterableDataset", "TensorDataset", "Subset",
+           "ConcatDataset", "random_split", "Sampler", "SequentialSampler", "RandomSampler",
+           "SubsetRandomSampler", "BatchSampler", "default_collate", "default_convert"]
