@@ -1,2 +1,91 @@
-"""(being written)"""
-__all__ = []
+"""scaled_dot_product_attention, composed of pyflow ops (PyTorch's math path):
+
+    softmax(q @ k^T * scale + bias) @ v
+
+Autograd flows through matmul, softmax and the additive bias, so there is no
+backward here.  Boolean masks (True = attend, as in PyTorch) and the causal
+mask become an additive bias of 0 / -inf built once in NumPy; a float mask is
+added as it is (and gets a gradient if it requires one).
+"""
+import math
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ._util import broadcast_shapes, check_tensor, wrap
+
+__all__ = ["scaled_dot_product_attention"]
+
+
+def _repeat_heads(t, times):
+    """(..., H, S, E) -> (..., H * times, S, E), each head repeated ``times`` in a row."""
+    if times == 1:
+        return t
+    shape = tuple(t.shape)
+    t = t.unsqueeze(-3).expand(*shape[:-2], times, *shape[-2:])
+    return t.reshape(*shape[:-3], shape[-3] * times, *shape[-2:])
+
+
+def _validate(query, key, value, attn_mask, dropout_p, is_causal):
+    op = "scaled_dot_product_attention"
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_tensor(t, name, op)
+        if t.ndim < 2:
+            raise RuntimeError(f"{op}(): {name} must be at least 2-D (..., L, E), got shape "
+                               f"{list(t.shape)}")
+        if not t.dtype.is_floating_point:
+            raise RuntimeError(f"{op}(): {name} must be floating point, got {t.dtype}")
+    if query.shape[-1] != key.shape[-1]:
+        raise RuntimeError(f"{op}(): query and key must have the same embedding size (last "
+                           f"dim), got {query.shape[-1]} and {key.shape[-1]}")
+    if key.shape[-2] != value.shape[-2]:
+        raise RuntimeError(f"{op}(): key and value must have the same sequence length (dim -2), "
+                           f"got {key.shape[-2]} and {value.shape[-2]}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"{op}(): dropout_p must be between 0 and 1, got {dropout_p}")
+    if attn_mask is not None:
+        if is_causal:
+            raise RuntimeError(f"{op}(): explicit attn_mask should not be set when "
+                               f"is_causal=True")
+        check_tensor(attn_mask, "attn_mask", op)
+        if attn_mask.dtype is not _dt.bool and not attn_mask.dtype.is_floating_point:
+            raise TypeError(f"{op}(): attn_mask must be a bool or floating point tensor, got "
+                            f"{attn_mask.dtype}")
+        L, S = query.shape[-2], key.shape[-2]
+        scores = tuple(query.shape[:-2]) + (L, S)
+        if broadcast_shapes(tuple(attn_mask.shape), scores, op=f"{op} (attn_mask)") != scores:
+            raise RuntimeError(f"{op}(): attn_mask of shape {list(attn_mask.shape)} must "
+                               f"broadcast to the attention scores' shape {list(scores)}")
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """Attention of query (..., L, E) over key (..., S, E) and value (..., S, Ev)."""
+    from .dropout import dropout
+    from .linalg import matmul
+    from .softmax import softmax
+    _validate(query, key, value, attn_mask, dropout_p, is_causal)
+    if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+        hq, hk = query.shape[-3], key.shape[-3]
+        if hq % hk or value.shape[-3] != hk:
+            raise RuntimeError(f"scaled_dot_product_attention(): with enable_gqa, query heads "
+                               f"({hq}) must be a multiple of key/value heads ({hk}, "
+                               f"{value.shape[-3]})")
+        key, value = _repeat_heads(key, hq // hk), _repeat_heads(value, hq // hk)
+    L, S = query.shape[-2], key.shape[-2]
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    scores = matmul(query * scale, key.transpose(-2, -1))
+    keep = None
+    if is_causal:
+        keep = np.tril(np.ones((L, S), np.bool_))
+    elif attn_mask is not None and attn_mask.dtype is _dt.bool:
+        keep = attn_mask._data
+    if keep is not None:
+        bias = np.where(keep, 0.0, -np.inf)
+        scores = scores + wrap(bias, scores.dtype, scores.device)
+    elif attn_mask is not None:
+        scores = scores + attn_mask
+    attn = softmax(scores, -1)
+    if dropout_p > 0.0:
+        attn = dropout(attn, dropout_p)
+    return matmul(attn, value)

@@ -1,2 +1,88 @@
-"""(being written)"""
-__all__ = []
+"""Embedding lookup: rows of ``weight`` gathered by integer indices.
+
+The backward scatter-adds the output gradient into a zero (num_embeddings,
+dim) gradient (a dense one, also when ``sparse=True`` is asked for); rows at
+``padding_idx`` get none.  The scatter is a Function whose own backward is the
+gather, so double backward works.
+"""
+import numpy as np
+
+from ..autograd import Function, no_grad
+from ._util import check_tensor, compute_array, kernel, wrap
+
+__all__ = ["embedding"]
+
+
+class Embedding(Function):
+    @staticmethod
+    def forward(ctx, weight, idx, padding_idx, scale_grad_by_freq):
+        ctx.args = (idx, weight.shape[0], padding_idx, scale_grad_by_freq)
+        out = kernel("embedding", weight.device.type)(compute_array(weight, weight.dtype), idx)
+        return wrap(out, weight.dtype, weight.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        return EmbeddingBackward.apply(g, *ctx.args), None, None, None
+
+
+class EmbeddingBackward(Function):
+    @staticmethod
+    def forward(ctx, g, idx, num_embeddings, padding_idx, scale_grad_by_freq):
+        ctx.args = (idx, padding_idx, scale_grad_by_freq)
+        dw = kernel("embedding_backward", g.device.type)(
+            compute_array(g, g.dtype), idx, num_embeddings, padding_idx, scale_grad_by_freq)
+        return wrap(dw, g.dtype, g.device)
+
+    @staticmethod
+    def backward(ctx, gg):
+        idx, padding_idx, scale_grad_by_freq = ctx.args
+        rows = Embedding.apply(gg, idx, -1, False)
+        factor = (idx != padding_idx).astype(np.float64)
+        if scale_grad_by_freq:
+            counts = np.bincount(idx.reshape(-1), minlength=gg.shape[0])
+            factor = factor / counts[idx]
+        if not factor.all() or scale_grad_by_freq:
+            rows = rows * wrap(factor[..., None], gg.dtype, gg.device)
+        return rows, None, None, None, None
+
+
+def _renorm_(weight, idx, max_norm, norm_type):
+    """Rescale (in place, outside autograd) the looked-up rows whose norm exceeds max_norm."""
+    rows = np.unique(idx)
+    w = np.asarray(weight._compute(), np.float64)
+    norms = np.linalg.norm(w[rows], ord=norm_type, axis=1)
+    big = norms > max_norm
+    if big.any():
+        w = w.copy()
+        w[rows[big]] *= (max_norm / (norms[big] + 1e-7))[:, None]
+        with no_grad():
+            weight._data[...] = wrap(w, weight.dtype, weight.device)._data
+            weight._version[0] += 1
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+              scale_grad_by_freq=False, sparse=False):
+    """``weight[input]``: one row of ``weight`` (num_embeddings, dim) per index."""
+    check_tensor(input, "input", "embedding")
+    check_tensor(weight, "weight", "embedding")
+    if input.dtype.category != 1:
+        raise TypeError(f"embedding(): argument 'input' (indices) must be an integer tensor "
+                        f"(int64 or int32), got {input.dtype}")
+    if weight.ndim != 2:
+        raise ValueError(f"embedding(): weight must be 2-D (num_embeddings, embedding_dim), "
+                         f"got shape {list(weight.shape)}")
+    num = weight.shape[0]
+    if padding_idx is not None:
+        if not -num <= padding_idx < num:
+            raise ValueError(f"embedding(): padding_idx must be within num_embeddings "
+                             f"(-{num} <= padding_idx < {num}), got {padding_idx}")
+        padding_idx = padding_idx % num
+    idx = np.asarray(input._data, np.int64)
+    if idx.size and (idx.min() < 0 or idx.max() >= num):
+        bad = idx[(idx < 0) | (idx >= num)].reshape(-1)[0]
+        raise IndexError(f"embedding(): index {int(bad)} is out of range for num_embeddings="
+                         f"{num} (weight of shape {list(weight.shape)})")
+    if max_norm is not None:
+        _renorm_(weight, idx, float(max_norm), float(norm_type))
+    return Embedding.apply(weight, idx, -1 if padding_idx is None else padding_idx,
+                           bool(scale_grad_by_freq))

@@ -1,2 +1,337 @@
-"""(being written)"""
-__all__ = []
+"""Loss functions with PyTorch's signatures.
+
+cross_entropy with class indices is one fused kernel (log_softmax + NLL +
+label smoothing) returning one loss per sample; nll_loss likewise.  The
+reduction ('mean' divides by the summed weights of the non-ignored targets,
+as PyTorch does) is then written with ops, so autograd carries the gradient
+of the reduction into the fused backward.  The other losses are short
+compositions of ops.  Inputs of shape (N, C, d1, ...) are moved to
+(N * d1 * ..., C) rows first.
+"""
+import numbers
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..autograd import Function
+from ..tensor import Tensor
+from ._util import check_tensor, compute_array, kernel, unbroadcast, wrap
+
+__all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss",
+           "binary_cross_entropy_with_logits", "binary_cross_entropy"]
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _reduction(size_average, reduce, reduction):
+    """PyTorch's legacy size_average/reduce arguments override ``reduction``."""
+    if size_average is not None or reduce is not None:
+        size_average = True if size_average is None else size_average
+        reduce = True if reduce is None else reduce
+        return "mean" if size_average and reduce else "sum" if reduce else "none"
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{reduction!r} is not a valid value for reduction; expected one of "
+                         f"{_REDUCTIONS}")
+    return reduction
+
+
+def _reduce(loss, reduction):
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    return loss
+
+
+# ------------------------------------------------------------------ class-index targets
+def _rows(input, target, op):
+    """(N, C, d1..) / (C,) input and (N, d1..) / () target -> (M, C) rows, (M,) target
+    array, the unreduced loss shape and the number of classes."""
+    check_tensor(input, "input", op)
+    check_tensor(target, "target", op)
+    if input.ndim == 0:
+        raise ValueError(f"{op}(): input must have at least 1 dim (C) or (N, C, ...), got a "
+                         f"0-dim tensor")
+    if input.ndim == 1:
+        if target.ndim != 0:
+            raise ValueError(f"{op}(): for an unbatched input of shape {list(input.shape)} the "
+                             f"target must be 0-dim, got shape {list(target.shape)}")
+        return input.reshape(1, -1), target._data.reshape(1), (), input.shape[0]
+    C = input.shape[1]
+    out_shape = (input.shape[0],) + tuple(input.shape[2:])
+    if target.shape[:1] != input.shape[:1]:
+        raise ValueError(f"{op}(): expected input batch_size ({input.shape[0]}) to match target "
+                         f"batch_size ({target.shape[0] if target.ndim else 'a 0-dim target'})")
+    if tuple(target.shape) != out_shape:
+        raise RuntimeError(f"{op}(): expected target of shape {list(out_shape)} for input of "
+                           f"shape {list(input.shape)}, got {list(target.shape)}")
+    rows = input if input.ndim == 2 else input.movedim(1, -1).reshape(-1, C)
+    return rows, target._data.reshape(-1), out_shape, C
+
+
+def _check_targets(t, C, ignore_index, op):
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"{op}(): class-index target must be an integer tensor (int64), got "
+                        f"{t.dtype}")
+    valid = t[t != ignore_index]
+    if valid.size and (valid.min() < 0 or valid.max() >= C):
+        bad = valid[(valid < 0) | (valid >= C)][0]
+        raise IndexError(f"{op}(): target {int(bad)} is out of bounds for {C} classes "
+                         f"(expected 0 <= target < {C}, or ignore_index={ignore_index})")
+    return t.astype(np.int64, copy=False)
+
+
+def _check_weight(weight, C, op):
+    if weight is None:
+        return
+    check_tensor(weight, "weight", op)
+    if tuple(weight.shape) != (C,):
+        raise RuntimeError(f"{op}(): weight must be a 1-D tensor of {C} elements (one per "
+                           f"class), got shape {list(weight.shape)}")
+
+
+def _target_weight_sum(t, weight, ignore_index):
+    """The 'mean' denominator: sum of w[target] over non-ignored targets (0 -> NaN)."""
+    kept = t[t != ignore_index]
+    if weight is None:
+        return float(kept.size)
+    return float(np.sum(np.asarray(weight._compute(), np.float64)[kept]))
+
+
+def _finish(loss_rows, t, weight, ignore_index, reduction, out_shape):
+    if reduction == "none":
+        return loss_rows.reshape(out_shape)
+    total = loss_rows.sum()
+    if reduction == "sum":
+        return total
+    with np.errstate(invalid="ignore", divide="ignore"):  # all ignored: 0 / 0 = NaN, silently
+        return total / _target_weight_sum(t, weight, ignore_index)
+
+
+class CrossEntropy(Function):
+    """Per-row loss of fused log_softmax + NLL with label smoothing."""
+
+    @staticmethod
+    def forward(ctx, x, target, weight, ignore_index, smoothing):
+        dt = x.dtype
+        xa = compute_array(x, dt)
+        w = None if weight is None else compute_array(weight, dt)
+        loss, lse = kernel("cross_entropy", x.device.type)(xa, target, w, ignore_index, smoothing)
+        ctx.args = (target, w, ignore_index, smoothing, lse)
+        ctx.save_for_backward(x)
+        return wrap(loss, dt, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        target, w, ignore_index, smoothing, lse = ctx.args
+        dt = x.dtype
+        from ..autograd import is_grad_enabled
+        if is_grad_enabled():  # differentiable form: softmax from ops
+            from .softmax import softmax
+            p = softmax(x, 1)
+            C = x.shape[1]
+            wt = np.ones(C) if w is None else np.asarray(w, np.float64)
+            keep = (target != ignore_index)
+            onehot = np.zeros((target.size, C))
+            onehot[np.nonzero(keep)[0], target[keep]] = 1.0
+            a = (1 - smoothing) * wt[np.where(keep, target, 0)] * keep       # per row
+            b = smoothing / C * keep
+            coef_p = wrap((a + b * wt.sum())[:, None], dt, x.device)
+            const = wrap(a[:, None] * onehot + b[:, None] * wt[None, :], dt, x.device)
+            return (g.reshape(-1, 1) * (p * coef_p - const)), None, None, None, None
+        dx = kernel("cross_entropy_backward", x.device.type)(
+            compute_array(g, dt), compute_array(x, dt), target, w, ignore_index, smoothing, lse)
+        return wrap(dx, dt, x.device), None, None, None, None
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                  reduction="mean", label_smoothing=0.0):
+    """Cross entropy of logits ``input`` (C), (N, C) or (N, C, d1, ...) against class
+    indices (int64, shape without C) or class probabilities (same shape as input)."""
+    reduction = _reduction(size_average, reduce, reduction)
+    check_tensor(input, "input", "cross_entropy")
+    check_tensor(target, "target", "cross_entropy")
+    if not isinstance(label_smoothing, numbers.Real) or not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy(): label_smoothing must be between 0.0 and 1.0, got "
+                         f"{label_smoothing!r}")
+    if not input.dtype.is_floating_point:
+        raise RuntimeError(f"cross_entropy(): expected floating point logits, got {input.dtype}")
+    if target.dtype.is_floating_point:
+        return _cross_entropy_probs(input, target, weight, reduction, label_smoothing)
+    x, t, out_shape, C = _rows(input, target, "cross_entropy")
+    _check_weight(weight, C, "cross_entropy")
+    t = _check_targets(t, C, ignore_index, "cross_entropy")
+    loss = CrossEntropy.apply(x, t, weight, int(ignore_index), float(label_smoothing))
+    return _finish(loss, t, weight, ignore_index, reduction, out_shape)
+
+
+def _cross_entropy_probs(input, target, weight, reduction, smoothing):
+    """Soft targets: -sum_c w_c * q_c * log_softmax(x)_c, mean over samples."""
+    from .softmax import log_softmax
+    if tuple(target.shape) != tuple(input.shape):
+        raise RuntimeError(f"cross_entropy(): a floating point (probability) target must have "
+                           f"the input's shape {list(input.shape)}, got {list(target.shape)}")
+    class_dim = 0 if input.ndim == 1 else 1
+    C = input.shape[class_dim]
+    _check_weight(weight, C, "cross_entropy")
+    q = target if smoothing == 0 else target * (1.0 - smoothing) + smoothing / C
+    wq = q if weight is None else q * weight.reshape((C,) + (1,) * (input.ndim - class_dim - 1))
+    loss = -(log_softmax(input, class_dim) * wq).sum(class_dim)
+    return _reduce(loss, reduction)
+
+
+class NLLLoss(Function):
+    @staticmethod
+    def forward(ctx, x, target, weight, ignore_index):
+        dt = x.dtype
+        w = None if weight is None else compute_array(weight, dt)
+        loss = kernel("nll_loss", x.device.type)(compute_array(x, dt), target, w, ignore_index)
+        ctx.args = (target, w, ignore_index, x.shape[1])
+        ctx.dt = dt
+        return wrap(loss, dt, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        return NLLLossBackward.apply(g, *ctx.args), None, None, None
+
+
+class NLLLossBackward(Function):
+    """Scatter -w[t] * g into the target columns; linear in g, so its own
+    backward is the gather of the forward."""
+
+    @staticmethod
+    def forward(ctx, g, target, w, ignore_index, C):
+        ctx.args = (target, w, ignore_index)
+        dx = kernel("nll_loss_backward", g.device.type)(compute_array(g, g.dtype), target, w,
+                                                         ignore_index, C)
+        return wrap(dx, g.dtype, g.device)
+
+    @staticmethod
+    def backward(ctx, gg):
+        target, w, ignore_index = ctx.args
+        loss = kernel("nll_loss", gg.device.type)(compute_array(gg, gg.dtype), target, w,
+                                                  ignore_index)
+        return wrap(loss, gg.dtype, gg.device), None, None, None, None
+
+
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+             reduction="mean"):
+    """Negative log likelihood of log-probabilities ``input`` at class indices ``target``."""
+    reduction = _reduction(size_average, reduce, reduction)
+    x, t, out_shape, C = _rows(input, target, "nll_loss")
+    if not input.dtype.is_floating_point:
+        raise RuntimeError(f"nll_loss(): expected a floating point input, got {input.dtype}")
+    _check_weight(weight, C, "nll_loss")
+    t = _check_targets(t, C, ignore_index, "nll_loss")
+    loss = NLLLoss.apply(x, t, weight, int(ignore_index))
+    return _finish(loss, t, weight, ignore_index, reduction, out_shape)
+
+
+# ------------------------------------------------------------------ regression losses
+def _check_pair(input, target, op):
+    check_tensor(input, "input", op)
+    check_tensor(target, "target", op)
+    if tuple(input.shape) != tuple(target.shape):
+        from ._util import broadcast_shapes
+        broadcast_shapes(tuple(input.shape), tuple(target.shape), op=op)
+
+
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """(input - target) ** 2, reduced."""
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_pair(input, target, "mse_loss")
+    d = input - target
+    return _reduce(d * d, reduction)
+
+
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """|input - target|, reduced."""
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_pair(input, target, "l1_loss")
+    return _reduce((input - target).abs(), reduction)
+
+
+# ------------------------------------------------------------------ binary losses
+class BCEWithLogits(Function):
+    """Elementwise loss w * ((1-y)*x + (1 + (pw-1)*y) * softplus(-x))."""
+
+    @staticmethod
+    def forward(ctx, x, y, weight, pos_weight):
+        dt = _dt.promote_types(x.dtype, y.dtype)
+        xa, ya = compute_array(x, dt), compute_array(y, dt)
+        pw = None if pos_weight is None else compute_array(pos_weight, dt)
+        loss, sp = kernel("bce_with_logits", x.device.type)(xa, ya, pw)
+        ctx.save_for_backward(x, y, weight, pos_weight)
+        ctx.unweighted, ctx.softplus_neg = loss, sp
+        if weight is not None:
+            loss = loss * compute_array(weight, dt)
+        return wrap(np.asarray(loss), dt, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y, w, pw = ctx.saved_tensors
+        from .elementwise import sigmoid
+        gw = g if w is None else g * w
+        gx = gy = gwt = gpw = None
+        if ctx.needs_input_grad[0]:
+            s = sigmoid(x)
+            gx = gw * (s - y) if pw is None else gw * (s * (1 + (pw - 1) * y) - pw * y)
+            gx = unbroadcast(gx, x.shape)
+        sp = None
+        if ctx.needs_input_grad[1] or (pw is not None and ctx.needs_input_grad[3]):
+            sp = (-x).relu() + (1 + (-(x.abs())).exp()).log()
+        if ctx.needs_input_grad[1]:
+            gy = unbroadcast(gw * (-x) if pw is None else gw * ((pw - 1) * sp - x), y.shape)
+        if w is not None and ctx.needs_input_grad[2]:
+            gwt = unbroadcast(g * wrap(ctx.unweighted, g.dtype, g.device), w.shape)
+        if pw is not None and ctx.needs_input_grad[3]:
+            gpw = unbroadcast(gw * y * sp, pw.shape)
+        return gx, gy, gwt, gpw
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
+                                     reduction="mean", pos_weight=None):
+    """Sigmoid + binary cross entropy in the numerically stable log-sum-exp form."""
+    reduction = _reduction(size_average, reduce, reduction)
+    check_tensor(input, "input", "binary_cross_entropy_with_logits")
+    check_tensor(target, "target", "binary_cross_entropy_with_logits")
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(f"binary_cross_entropy_with_logits(): target size "
+                         f"({list(target.shape)}) must be the same as input size "
+                         f"({list(input.shape)})")
+    if not input.dtype.is_floating_point or not target.dtype.is_floating_point:
+        raise RuntimeError(f"binary_cross_entropy_with_logits(): expected floating point input "
+                           f"and target, got {input.dtype} and {target.dtype}")
+    from ._util import broadcast_shapes
+    for name, t in (("weight", weight), ("pos_weight", pos_weight)):
+        if t is not None:
+            check_tensor(t, name, "binary_cross_entropy_with_logits")
+            if broadcast_shapes(tuple(t.shape), tuple(input.shape),
+                                op=f"binary_cross_entropy_with_logits ({name})") != \
+                    tuple(input.shape):
+                raise RuntimeError(f"binary_cross_entropy_with_logits(): {name} of shape "
+                                   f"{list(t.shape)} must broadcast to the input's shape "
+                                   f"{list(input.shape)}")
+    return _reduce(BCEWithLogits.apply(input, target, weight, pos_weight), reduction)
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None,
+                         reduction="mean"):
+    """-(y * log(p) + (1 - y) * log(1 - p)) with each log clamped at -100 like PyTorch."""
+    reduction = _reduction(size_average, reduce, reduction)
+    check_tensor(input, "input", "binary_cross_entropy")
+    check_tensor(target, "target", "binary_cross_entropy")
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(f"binary_cross_entropy(): target size ({list(target.shape)}) must be "
+                         f"the same as input size ({list(input.shape)})")
+    p = input.detach()._compute()
+    if p.size and (np.nanmin(p) < 0 or np.nanmax(p) > 1):
+        raise RuntimeError("binary_cross_entropy(): all elements of input should be between "
+                           "0 and 1")
+    with np.errstate(divide="ignore"):   # log(0) = -inf, clamped like PyTorch
+        loss = -(target * input.log().clamp(min=-100)
+                 + (1 - target) * (1 - input).log().clamp(min=-100))
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)

@@ -1,2 +1,203 @@
-"""(being written)"""
-__all__ = []
+"""layer_norm and batch_norm: forward and backward side by side.
+
+The forward kernels save mean and rstd = 1/sqrt(var + eps); the usual
+backward is one fused kernel giving dx, dweight and dbias.  When the backward
+itself is being recorded (double backward) the same formulas are written with
+pyflow ops, recomputing the statistics from x so they are differentiated too.
+
+batch_norm's running statistics are buffers: updated in place, outside autograd.
+"""
+import math
+import numbers
+
+import numpy as np
+
+from ..autograd import Function, is_grad_enabled
+from ..tensor import Tensor
+from ._util import check_tensor, compute_array, kernel, wrap
+
+__all__ = ["layer_norm", "batch_norm"]
+
+
+def _maybe(t, dtype):
+    return None if t is None else compute_array(t, dtype)
+
+
+def _grad_as(g, t):
+    return g if g.dtype is t.dtype else g.to(t.dtype)
+
+
+# ------------------------------------------------------------------ layer_norm
+class LayerNorm(Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, normalized_shape, eps):
+        dt, n = x.dtype, math.prod(normalized_shape)
+        x2 = compute_array(x, dt).reshape(-1, n)
+        out, mean, rstd = kernel("layer_norm", x.device.type)(
+            x2, _maybe(weight, dt), _maybe(bias, dt), eps)
+        ctx.k, ctx.eps = len(normalized_shape), eps
+        ctx.mean, ctx.rstd = mean, rstd
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight)
+        return wrap(out.reshape(x.shape), dt, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        if is_grad_enabled():
+            dx, dw, db = _layer_norm_grads(g, x, w, ctx.k, ctx.eps)
+        else:
+            dt, n = x.dtype, math.prod(x.shape[x.ndim - ctx.k:])
+            dx, dw, db = kernel("layer_norm_backward", x.device.type)(
+                compute_array(g, dt).reshape(-1, n), compute_array(x, dt).reshape(-1, n),
+                ctx.mean, ctx.rstd, _maybe(w, dt))
+            nshape = x.shape[x.ndim - ctx.k:]
+            dx = wrap(dx.reshape(x.shape), dt, x.device)
+            dw, db = wrap(dw.reshape(nshape), dt, x.device), wrap(db.reshape(nshape), dt, x.device)
+        return (dx,
+                _grad_as(dw, w) if w is not None and ctx.needs_input_grad[1] else None,
+                _grad_as(db, w) if ctx.has_bias and ctx.needs_input_grad[2] else None,
+                None, None)
+
+
+def _layer_norm_grads(g, x, w, k, eps):
+    """The backward with ops (differentiable again): statistics recomputed from x."""
+    dims = tuple(range(x.ndim - k, x.ndim))
+    lead = tuple(range(x.ndim - k))
+    xc = x - x.mean(dims, keepdim=True)
+    rstd = ((xc * xc).mean(dims, keepdim=True) + eps).rsqrt()
+    xhat = xc * rstd
+    gw = g if w is None else g * w
+    dx = rstd * (gw - gw.mean(dims, keepdim=True) - xhat * (gw * xhat).mean(dims, keepdim=True))
+    dw, db = g * xhat, g
+    if lead:
+        dw, db = dw.sum(lead), db.sum(lead)
+    return dx, dw, db
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Normalize over the last ``len(normalized_shape)`` dims, then scale and shift."""
+    check_tensor(input, "input", "layer_norm")
+    if isinstance(normalized_shape, (int, np.integer)):
+        normalized_shape = (int(normalized_shape),)
+    normalized_shape = tuple(int(s) for s in normalized_shape)
+    k = len(normalized_shape)
+    if k == 0 or tuple(input.shape[input.ndim - k:]) != normalized_shape or k > input.ndim:
+        raise RuntimeError(
+            f"layer_norm(): given normalized_shape={list(normalized_shape)}, expected input with "
+            f"shape [*, {', '.join(map(str, normalized_shape))}], but got input of size "
+            f"{list(input.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            check_tensor(t, name, "layer_norm")
+            if tuple(t.shape) != normalized_shape:
+                raise RuntimeError(f"layer_norm(): expected {name} of shape "
+                                   f"{list(normalized_shape)}, got {list(t.shape)}")
+    if not input.dtype.is_floating_point:
+        raise RuntimeError(f"layer_norm(): expected a floating point input, got {input.dtype}")
+    return LayerNorm.apply(input, weight, bias, normalized_shape, float(eps))
+
+
+# ------------------------------------------------------------------ batch_norm
+def _as_ncs(arr):
+    return arr.reshape(arr.shape[0], arr.shape[1], -1)
+
+
+class BatchNorm(Function):
+    """(x - mean) * rstd * weight + bias per channel; mean/rstd come from the
+    batch (training) or the running statistics (eval), decided by the caller."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, mean, rstd, training, eps):
+        dt = x.dtype
+        out = kernel("batch_norm_apply", x.device.type)(
+            _as_ncs(compute_array(x, dt)), mean, rstd, _maybe(weight, dt), _maybe(bias, dt))
+        ctx.mean, ctx.rstd, ctx.training, ctx.eps = mean, rstd, training, eps
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight)
+        return wrap(out.reshape(x.shape), dt, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        dt = x.dtype
+        if is_grad_enabled():
+            dx, dw, db = _batch_norm_grads(g, x, w, ctx)
+        else:
+            dx, dw, db = kernel("batch_norm_backward", x.device.type)(
+                _as_ncs(compute_array(g, dt)), _as_ncs(compute_array(x, dt)), ctx.mean,
+                ctx.rstd, _maybe(w, dt), ctx.training)
+            dx = wrap(dx.reshape(x.shape), dt, x.device)
+            dw, db = wrap(dw, dt, x.device), wrap(db, dt, x.device)
+        return (dx,
+                _grad_as(dw, w) if w is not None and ctx.needs_input_grad[1] else None,
+                _grad_as(db, w) if ctx.has_bias and ctx.needs_input_grad[2] else None,
+                None, None, None, None)
+
+
+def _batch_norm_grads(g, x, w, ctx):
+    """The backward with ops (differentiable again)."""
+    C = x.shape[1]
+    dims = (0,) + tuple(range(2, x.ndim))
+    bshape = (1, C) + (1,) * (x.ndim - 2)
+    if ctx.training:
+        xc = x - x.mean(dims, keepdim=True)
+        rstd = ((xc * xc).mean(dims, keepdim=True) + ctx.eps).rsqrt()
+    else:
+        xc = x - wrap(ctx.mean.reshape(bshape), x.dtype, x.device)
+        rstd = wrap(ctx.rstd.reshape(bshape), x.dtype, x.device)
+    xhat = xc * rstd
+    scale = rstd if w is None else rstd * w.reshape(bshape)
+    if ctx.training:
+        dx = scale * (g - g.mean(dims, keepdim=True) - xhat * (g * xhat).mean(dims, keepdim=True))
+    else:
+        dx = scale * g
+    return dx, (g * xhat).sum(dims), g.sum(dims)
+
+
+def _update_running(buf, batch_value, momentum):
+    """buf = (1 - momentum) * buf + momentum * batch_value, in place, no autograd."""
+    new = (1.0 - momentum) * np.asarray(buf._compute(), np.float64) + momentum * batch_value
+    buf._data[...] = wrap(new, buf.dtype, buf.device)._data
+    buf._version[0] += 1
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5):
+    """Batch normalization over (N, C), (N, C, L), (N, C, H, W) ... inputs, per channel C."""
+    check_tensor(input, "input", "batch_norm")
+    if input.ndim < 2:
+        raise ValueError(f"batch_norm(): expected an input of at least 2 dims (N, C, ...), got "
+                         f"shape {list(input.shape)}")
+    if not input.dtype.is_floating_point:
+        raise RuntimeError(f"batch_norm(): expected a floating point input, got {input.dtype}")
+    C = input.shape[1]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var),
+                    ("weight", weight), ("bias", bias)):
+        if t is not None:
+            check_tensor(t, name, "batch_norm")
+            if tuple(t.shape) != (C,):
+                raise RuntimeError(f"batch_norm(): expected {name} of shape [{C}] (the channel "
+                                   f"dim of input {list(input.shape)}), got {list(t.shape)}")
+    if not isinstance(momentum, numbers.Real) or isinstance(momentum, Tensor):
+        raise TypeError(f"batch_norm(): momentum must be a float, got {momentum!r}")
+    dt = input.dtype
+    x3 = _as_ncs(compute_array(input, dt))
+    if training:
+        count = x3.shape[0] * x3.shape[2]
+        if count <= 1:
+            raise ValueError(f"Expected more than 1 value per channel when training, got input "
+                             f"size {list(input.shape)}")
+        mean, var = kernel("batch_norm_stats", input.device.type)(x3)
+        if running_mean is not None:
+            _update_running(running_mean, mean.astype(np.float64), momentum)
+        if running_var is not None:  # the running estimate is unbiased (n - 1)
+            _update_running(running_var, var.astype(np.float64) * count / (count - 1), momentum)
+    else:
+        if running_mean is None or running_var is None:
+            raise RuntimeError("batch_norm(): running_mean and running_var must be given when "
+                               "training=False (evaluation uses the running statistics)")
+        mean = compute_array(running_mean, dt).copy()
+        var = compute_array(running_var, dt)
+    rstd = (1.0 / np.sqrt(var.astype(np.float64) + eps)).astype(mean.dtype)
+    return BatchNorm.apply(input, weight, bias, mean, rstd, bool(training), float(eps))

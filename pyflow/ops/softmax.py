@@ -1,2 +1,78 @@
-"""(being written)"""
-__all__ = []
+"""softmax and log_softmax along one dim, forward and backward side by side.
+
+Both run one numba row kernel forward and save their output: the backward
+needs only y (softmax: ``y * (g - sum(g * y))``, log_softmax:
+``g - exp(y) * sum(g)``), computed by one fused kernel, or by pyflow ops when
+the backward itself is being recorded (double backward).
+"""
+from .. import dtypes as _dt
+from ..autograd import Function, is_grad_enabled
+from ._method import tensor_method
+from ._util import check_tensor, compute_array, kernel, wrap
+
+__all__ = ["softmax", "log_softmax"]
+
+
+class _SoftmaxBase(Function):
+    log = False
+
+    @classmethod
+    def forward(cls, ctx, x, dim):
+        name = "log_softmax" if cls.log else "softmax"
+        y = wrap(kernel(name, x.device.type)(compute_array(x, x.dtype), dim), x.dtype, x.device)
+        ctx.dim = dim
+        ctx.save_for_backward(y)
+        return y
+
+    @classmethod
+    def backward(cls, ctx, g):
+        (y,) = ctx.saved_tensors
+        dim = ctx.dim
+        if is_grad_enabled():
+            if cls.log:
+                return g - y.exp() * g.sum(dim, keepdim=True), None
+            return y * (g - (g * y).sum(dim, keepdim=True)), None
+        name = "log_softmax_backward" if cls.log else "softmax_backward"
+        dx = kernel(name, y.device.type)(compute_array(g, y.dtype), compute_array(y, y.dtype), dim)
+        return wrap(dx, y.dtype, y.device), None
+
+
+class Softmax(_SoftmaxBase):
+    log = False
+
+
+class LogSoftmax(_SoftmaxBase):
+    log = True
+
+
+def _prepare(input, dim, dtype, op):
+    check_tensor(input, "input", op)
+    if dim is None:  # PyTorch's legacy implicit dim: 0 for 0-D, 1-D and 3-D inputs, else 1
+        raise TypeError(f"{op}(): argument 'dim' must be an int, got None (the implicit "
+                        f"dim choice is deprecated in PyTorch; pass dim explicitly)")
+    if dtype is not None:
+        input = input.to(_dt.as_dtype(dtype))
+    if not input.dtype.is_floating_point:
+        raise RuntimeError(f"{op}(): expected a floating point input (or pass dtype=), got "
+                           f"{input.dtype}")
+    ndim = max(input.ndim, 1)
+    d = input._wrap_dim(dim, ndim)
+    return input, d
+
+
+@tensor_method()
+def softmax(input, dim, dtype=None):
+    """exp(x) / sum(exp(x)) along ``dim`` (computed as exp(x - max) for stability)."""
+    input, d = _prepare(input, dim, dtype, "softmax")
+    if input.ndim == 0:
+        return Softmax.apply(input.reshape(1), 0).reshape(())
+    return Softmax.apply(input, d)
+
+
+@tensor_method()
+def log_softmax(input, dim, dtype=None):
+    """x - log(sum(exp(x))) along ``dim``."""
+    input, d = _prepare(input, dim, dtype, "log_softmax")
+    if input.ndim == 0:
+        return LogSoftmax.apply(input.reshape(1), 0).reshape(())
+    return LogSoftmax.apply(input, d)

@@ -1,0 +1,193 @@
+"""layer_norm and batch_norm kernels (numba), forward and fused backward.
+
+Statistics accumulate in float64 (two passes: mean, then squared deviations),
+so float32 inputs with a large mean lose no precision; the forward saves mean
+and rstd = 1/sqrt(var + eps) for the backward, which then needs one pass for
+the two row (or channel) sums and one for dx.
+
+layer_norm works on (rows, n) with normalized dims flattened last; batch_norm
+on (N, C, S) with every dim after C flattened into S.
+"""
+import math
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from ..registry import register
+
+# reassociation lets LLVM vectorize the sums (no 'nnan'/'ninf': NaN stays NaN)
+JIT = dict(nogil=True, cache=True, error_model="numpy",
+           fastmath={"nsz", "arcp", "contract", "reassoc"})
+
+
+# ------------------------------------------------------------------ layer_norm
+@njit(parallel=True, **JIT)
+def _layer_norm_forward(x, w, b, eps, out, mean, rstd):
+    rows, n = x.shape
+    for i in prange(rows):
+        s = 0.0
+        for j in range(n):
+            s += x[i, j]
+        mu = s / n
+        v = 0.0
+        for j in range(n):
+            d = x[i, j] - mu
+            v += d * d
+        r = 1.0 / math.sqrt(v / n + eps)
+        mean[i] = mu
+        rstd[i] = r
+        mu_x, r_x = x.dtype.type(mu), x.dtype.type(r)   # apply in x's precision (SIMD width)
+        for j in range(n):
+            out[i, j] = (x[i, j] - mu_x) * r_x * w[j] + b[j]
+
+
+@njit(parallel=True, **JIT)
+def _layer_norm_backward(g, x, mean, rstd, w, dx, dw_parts, db_parts):
+    """dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)); dw, db summed per chunk."""
+    rows, n = x.shape
+    chunks = dw_parts.shape[0]
+    per = (rows + chunks - 1) // chunks
+    for c in prange(chunks):
+        dw = dw_parts[c]
+        db = db_parts[c]
+        for i in range(c * per, min(rows, (c + 1) * per)):
+            mu, r = mean[i], rstd[i]
+            a = 0.0
+            bsum = 0.0
+            for j in range(n):
+                xhat = (x[i, j] - mu) * r
+                gw = g[i, j] * w[j]
+                a += gw
+                bsum += gw * xhat
+                dw[j] += g[i, j] * xhat
+                db[j] += g[i, j]
+            a /= n
+            bsum /= n
+            for j in range(n):
+                xhat = (x[i, j] - mu) * r
+                dx[i, j] = r * (g[i, j] * w[j] - a - xhat * bsum)
+
+
+def _chunks(rows):
+    return max(1, min(rows, numba.get_num_threads() * 2))
+
+
+@register("layer_norm", "cpu")
+def layer_norm(x, w, b, eps):
+    """x: (rows, n); w, b: (n,) or None.  Returns out, mean (rows,), rstd (rows,)."""
+    x = np.ascontiguousarray(x)
+    rows, n = x.shape
+    w = np.ones(n, x.dtype) if w is None else np.ascontiguousarray(w).reshape(n)
+    b = np.zeros(n, x.dtype) if b is None else np.ascontiguousarray(b).reshape(n)
+    out = np.empty_like(x)
+    mean, rstd = np.empty(rows, x.dtype), np.empty(rows, x.dtype)
+    _layer_norm_forward(x, w, b, float(eps), out, mean, rstd)
+    return out, mean, rstd
+
+
+@register("layer_norm_backward", "cpu")
+def layer_norm_backward(g, x, mean, rstd, w):
+    """Returns dx (rows, n), dw (n,), db (n,)."""
+    g, x = np.ascontiguousarray(g), np.ascontiguousarray(x)
+    rows, n = x.shape
+    w = np.ones(n, x.dtype) if w is None else np.ascontiguousarray(w).reshape(n)
+    dx = np.empty_like(x)
+    chunks = _chunks(rows)
+    dw_parts, db_parts = np.zeros((chunks, n)), np.zeros((chunks, n))
+    if rows:
+        _layer_norm_backward(g, x, mean, rstd, w, dx, dw_parts, db_parts)
+    return dx, dw_parts.sum(0).astype(x.dtype), db_parts.sum(0).astype(x.dtype)
+
+
+# ------------------------------------------------------------------ batch_norm
+@njit(parallel=True, **JIT)
+def _channel_stats(x, mean, var):
+    """Per-channel mean and biased variance of x (N, C, S)."""
+    N, C, S = x.shape
+    m = N * S
+    for c in prange(C):
+        s = 0.0
+        for i in range(N):
+            for k in range(S):
+                s += x[i, c, k]
+        mu = s / m
+        v = 0.0
+        for i in range(N):
+            for k in range(S):
+                d = x[i, c, k] - mu
+                v += d * d
+        mean[c] = mu
+        var[c] = v / m
+
+
+@njit(parallel=True, **JIT)
+def _channel_affine(x, scale, shift, out):
+    """out = x * scale[c] + shift[c]."""
+    N, C, S = x.shape
+    for p in prange(N * C):
+        i, c = p // C, p % C
+        a, b = scale[c], shift[c]
+        for k in range(S):
+            out[i, c, k] = x[i, c, k] * a + b
+
+
+@njit(parallel=True, **JIT)
+def _batch_norm_backward(g, x, mean, rstd, w, training, dx, dw, db):
+    N, C, S = x.shape
+    m = N * S
+    for c in prange(C):
+        mu, r = mean[c], rstd[c]
+        sg = 0.0
+        sgx = 0.0
+        for i in range(N):
+            for k in range(S):
+                sg += g[i, c, k]
+                sgx += g[i, c, k] * (x[i, c, k] - mu)
+        dw[c] = sgx * r
+        db[c] = sg
+        wr = w[c] * r
+        if training:   # the batch statistics depend on x too
+            a = sg / m
+            bb = sgx * r / m
+            for i in range(N):
+                for k in range(S):
+                    xhat = (x[i, c, k] - mu) * r
+                    dx[i, c, k] = wr * (g[i, c, k] - a - xhat * bb)
+        else:
+            for i in range(N):
+                for k in range(S):
+                    dx[i, c, k] = wr * g[i, c, k]
+
+
+@register("batch_norm_stats", "cpu")
+def batch_norm_stats(x):
+    """x: (N, C, S).  Returns per-channel mean and biased variance in x's dtype."""
+    x = np.ascontiguousarray(x)
+    C = x.shape[1]
+    mean, var = np.empty(C, np.float64), np.empty(C, np.float64)
+    _channel_stats(x, mean, var)
+    return mean.astype(x.dtype), var.astype(x.dtype)
+
+
+@register("batch_norm_apply", "cpu")
+def batch_norm_apply(x, mean, rstd, w, b):
+    """(x - mean) * rstd * w + b per channel of x (N, C, S); w, b may be None."""
+    x = np.ascontiguousarray(x)
+    scale = rstd.astype(np.float64) * (1.0 if w is None else w)
+    shift = (0.0 if b is None else b) - mean * scale
+    out = np.empty_like(x)
+    _channel_affine(x, scale.astype(x.dtype), np.asarray(shift, x.dtype), out)
+    return out
+
+
+@register("batch_norm_backward", "cpu")
+def batch_norm_backward(g, x, mean, rstd, w, training):
+    """Returns dx (N, C, S), dw (C,), db (C,)."""
+    g, x = np.ascontiguousarray(g), np.ascontiguousarray(x)
+    C = x.shape[1]
+    w = np.ones(C, x.dtype) if w is None else np.ascontiguousarray(w)
+    dx = np.empty_like(x)
+    dw, db = np.empty(C, np.float64), np.empty(C, np.float64)
+    _batch_norm_backward(g, x, mean, rstd, w, bool(training), dx, dw, db)
+    return dx, dw.astype(x.dtype), db.astype(x.dtype)

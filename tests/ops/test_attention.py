@@ -1,0 +1,136 @@
+"""scaled_dot_product_attention: float64 NumPy reference (no mask, causal,
+bool and float masks, custom scale), finite differences for query, key, value
+and a float mask, grouped-query heads, dropout, PyTorch, bad input."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import pyflow as pf
+from tests.helpers import assert_close, check_grad, needs_torch, torch
+
+sdpa = pf.scaled_dot_product_attention
+
+
+def np_attention(q, k, v, mask=None, causal=False, scale=None):
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    L, S = s.shape[-2:]
+    if causal:
+        mask = np.tril(np.ones((L, S), bool))
+    if mask is not None:
+        s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+@given(data=st.data())
+def test_against_reference(data):
+    batch = data.draw(st.sampled_from([(), (2,), (2, 3)]))
+    L, S, E, Ev = (data.draw(st.integers(1, 4)) for _ in range(4))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    q, k = rng.standard_normal(batch + (L, E)), rng.standard_normal(batch + (S, E))
+    v = rng.standard_normal(batch + (S, Ev))
+    kind = data.draw(st.sampled_from(["none", "causal", "bool", "float", "scale"]))
+    kw, ref_kw = {}, {}
+    if kind == "causal":
+        kw, ref_kw = {"is_causal": True}, {"causal": True}
+    elif kind == "bool":
+        m = rng.random((L, S)) > 0.4
+        m[:, 0] = True                       # every query attends somewhere
+        kw, ref_kw = {"attn_mask": pf.tensor(m)}, {"mask": m}
+    elif kind == "float":
+        m = rng.standard_normal(batch[-1:] + (1, S))
+        kw, ref_kw = {"attn_mask": pf.tensor(m)}, {"mask": m}
+    elif kind == "scale":
+        kw = ref_kw = {"scale": 0.3}
+    out = sdpa(pf.tensor(q), pf.tensor(k), pf.tensor(v), **kw)
+    assert_close(out, np_attention(q, k, v, **ref_kw), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["causal", "bool"])
+def test_gradients_wrt_query_key_value(kind):
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 3, 2)) for _ in range(3))
+    m = pf.tensor(np.array([[True, False, True], [True, True, False], [False, True, True]]))
+    kw = {"is_causal": True} if kind == "causal" else {"attn_mask": m}
+    check_grad(lambda a, b, c: sdpa(a, b, c, **kw), [q, k, v])
+
+
+def test_gradient_wrt_float_mask():
+    rng = np.random.default_rng(1)
+    q, k, v, m = (rng.standard_normal(s) for s in ((2, 3, 2), (2, 4, 2), (2, 4, 3), (3, 4)))
+    check_grad(lambda a, b: sdpa(a, pf.tensor(k), pf.tensor(v), attn_mask=b), [q, m])
+
+
+def test_causal_with_more_keys_than_queries_matches_torch_convention():
+    # PyTorch's is_causal uses tril(ones(L, S)): query i sees keys 0..i
+    rng = np.random.default_rng(2)
+    q, k, v = rng.standard_normal((2, 3)), rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
+    out = sdpa(pf.tensor(q), pf.tensor(k), pf.tensor(v), is_causal=True)
+    assert_close(out[0], v[0], rtol=1e-12)            # the first query sees only key 0
+    assert_close(out, np_attention(q, k, v, causal=True), rtol=1e-12)
+
+
+def test_grouped_query_attention():
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 4, 3, 2))
+    k, v = rng.standard_normal((1, 2, 3, 2)), rng.standard_normal((1, 2, 3, 2))
+    out = sdpa(pf.tensor(q), pf.tensor(k), pf.tensor(v), enable_gqa=True)
+    kr, vr = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+    assert_close(out, np_attention(q, kr, vr), rtol=1e-12)
+
+
+def test_dropout_uses_the_generator_and_float32():
+    rng = np.random.default_rng(4)
+    q, k, v = (pf.tensor(rng.standard_normal((2, 5, 4)), dtype=pf.float32) for _ in range(3))
+    pf.manual_seed(7)
+    a = sdpa(q, k, v, dropout_p=0.5)
+    pf.manual_seed(7)
+    b = sdpa(q, k, v, dropout_p=0.5)
+    assert a.dtype is pf.float32 and pf.equal(a, b)
+    assert not pf.allclose(a, sdpa(q, k, v))
+    assert pf.equal(sdpa(q, k, v, dropout_p=1.0), pf.zeros(2, 5, 4))
+
+
+def test_errors_are_clear():
+    q = pf.ones(2, 3, 4)
+    with pytest.raises(RuntimeError, match="same embedding size"):
+        sdpa(q, pf.ones(2, 3, 5), pf.ones(2, 3, 5))
+    with pytest.raises(RuntimeError, match="same sequence length"):
+        sdpa(q, pf.ones(2, 3, 4), pf.ones(2, 2, 4))
+    with pytest.raises(RuntimeError, match="should not be set when is_causal"):
+        sdpa(q, q, q, attn_mask=pf.ones(3, 3), is_causal=True)
+    with pytest.raises(RuntimeError, match=r"attn_mask.*\(4, 3\) and \(2, 3, 3\) are not broadcastable"):
+        sdpa(q, q, q, attn_mask=pf.ones(4, 3))
+    with pytest.raises(RuntimeError, match=r"attn_mask of shape \[2, 2, 3, 3\] must broadcast"):
+        sdpa(q, q, q, attn_mask=pf.ones(2, 2, 3, 3))
+    with pytest.raises(TypeError, match="bool or floating point"):
+        sdpa(q, q, q, attn_mask=pf.tensor([[1, 0, 1]]))
+
+
+@needs_torch
+@pytest.mark.parametrize("kind", ["none", "causal", "bool", "float"])
+def test_against_torch(kind):
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in
+              ((2, 3, 4, 8), (2, 3, 6, 8), (2, 3, 6, 5))]
+    kw, tkw = {}, {}
+    if kind == "causal":
+        kw = tkw = {"is_causal": True}
+    elif kind == "bool":
+        m = rng.random((4, 6)) > 0.5
+        m[:, 0] = True
+        kw, tkw = {"attn_mask": pf.tensor(m)}, {"attn_mask": torch.tensor(m)}
+    elif kind == "float":
+        m = rng.standard_normal((3, 1, 6)).astype(np.float32)
+        kw, tkw = {"attn_mask": pf.tensor(m)}, {"attn_mask": torch.tensor(m)}
+    ours = [pf.tensor(a, requires_grad=True) for a in arrays]
+    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    out = sdpa(*ours, **kw)
+    ref = torch.nn.functional.scaled_dot_product_attention(*theirs, **tkw)
+    assert_close(out, ref.detach().numpy(), rtol=1e-4, atol=1e-5)
+    g = rng.standard_normal(tuple(ref.shape)).astype(np.float32)
+    out.backward(pf.tensor(g))
+    ref.backward(torch.tensor(g))
+    for o, t in zip(ours, theirs):
+        assert_close(o.grad, t.grad.numpy(), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,152 @@
+"""dropout (mask statistics, scaling, generator reproducibility, in-place,
+gradient = same mask) and embedding (gather, scatter-add gradient, padding_idx,
+scale_grad_by_freq, max_norm, double backward, PyTorch, bad indices)."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import pyflow as pf
+from tests.helpers import assert_close, check_grad, layouts, make_input, needs_torch, torch
+
+
+# ------------------------------------------------------------------ dropout
+@given(data=st.data())
+def test_dropout_keeps_and_scales(data):
+    shape = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple))
+    p = data.draw(st.sampled_from([0.1, 0.5, 0.9]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    x, tx = make_input(rng, shape, data.draw(layouts()), low=0.5, high=2.0)  # no zeros
+    tx.requires_grad_()
+    out = pf.dropout(tx, p)
+    y = out.detach().numpy()
+    kept = y != 0
+    assert_close(y[kept], x[kept] / (1 - p), rtol=1e-12)
+    g = rng.standard_normal(shape)
+    out.backward(pf.tensor(g))
+    assert_close(tx.grad, np.where(kept, g / (1 - p), 0.0), rtol=1e-12)
+
+
+def test_dropout_fraction_and_generator():
+    x = pf.ones(200, 100)
+    gen = pf.Generator().manual_seed(3)
+    a = pf.dropout(x, 0.3, generator=gen)
+    assert abs((a.numpy() != 0).mean() - 0.7) < 0.01         # 20000 draws: sd 0.003
+    gen.manual_seed(3)
+    assert pf.equal(a, pf.dropout(x, 0.3, generator=gen))
+    pf.manual_seed(5)
+    b = pf.dropout(x, 0.3)
+    pf.manual_seed(5)
+    assert pf.equal(b, pf.dropout(x, 0.3)) and not pf.equal(a, b)
+
+
+def test_dropout_special_cases():
+    x = pf.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    assert pf.dropout(x, 0.5, training=False) is x
+    assert pf.dropout(x, 0.0) is x
+    z = pf.dropout(x, 1.0)
+    assert z.tolist() == [0.0, 0.0, 0.0]
+    z.sum().backward()
+    assert x.grad.tolist() == [0.0, 0.0, 0.0]
+    h = pf.dropout(pf.ones(4, 4, dtype=pf.bfloat16), 0.5)
+    assert h.dtype is pf.bfloat16 and set(np.unique(h.float().numpy())) <= {0.0, 2.0}
+
+
+def test_dropout_inplace():
+    x = pf.ones(50)
+    y = pf.dropout(x, 0.5, inplace=True)
+    assert y is x and set(np.unique(x.numpy())) == {0.0, 2.0} and x._version[0] == 1
+    w = pf.ones(10, requires_grad=True)
+    h = w * 1
+    pf.dropout(h, 0.5, inplace=True)
+    h.sum().backward()
+    assert_close(w.grad, h.detach().numpy())  # grad is mask * 2 = the output itself
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        pf.dropout(w, 0.5, inplace=True)
+
+
+def test_dropout_errors():
+    with pytest.raises(ValueError, match="between 0 and 1, but got 1.5"):
+        pf.dropout(pf.ones(3), 1.5)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        pf.dropout(pf.ones(3), -0.1)
+    with pytest.raises(RuntimeError, match="floating point"):
+        pf.dropout(pf.tensor([1, 2]), 0.5)
+    with pytest.raises(TypeError, match="Generator"):
+        pf.dropout(pf.ones(3), 0.5, generator=np.random.default_rng())
+
+
+# ------------------------------------------------------------------ embedding
+@given(data=st.data())
+def test_embedding_forward_backward(data):
+    num, dim = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 4))
+    idx_shape = data.draw(st.lists(st.integers(1, 4), min_size=0, max_size=2).map(tuple))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    w, tw = make_input(rng, (num, dim), data.draw(layouts()))
+    idx = rng.integers(0, num, idx_shape)
+    pad = data.draw(st.sampled_from([None, 0, -1]))
+    tw.requires_grad_()
+    out = pf.embedding(pf.tensor(idx), tw, padding_idx=pad)
+    assert_close(out, w[idx], rtol=0, atol=0)
+    g = rng.standard_normal(idx_shape + (dim,))
+    out.backward(pf.tensor(g))
+    expected = np.zeros((num, dim))
+    np.add.at(expected, idx, g)
+    if pad is not None:
+        expected[pad % num] = 0.0
+    assert_close(tw.grad, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_embedding_finite_differences_and_double_backward():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((5, 3))
+    idx = pf.tensor([[0, 4, 4], [2, 1, 0]])
+    check_grad(lambda t: pf.embedding(idx, t), [w])
+    v = rng.standard_normal((2, 3, 3))
+
+    def weight_grad(t):   # d/dw sum(v * emb(w)^2) = scatter(2 * v * emb): depends on w
+        t.requires_grad_()
+        out = pf.embedding(idx, t, padding_idx=1)
+        return pf.autograd.grad((out * out * pf.tensor(v)).sum(), t, create_graph=True)[0]
+    check_grad(weight_grad, [w])
+
+
+def test_embedding_int32_indices_half_weight_and_max_norm():
+    w = pf.tensor([[3.0, 4.0], [0.3, 0.4], [6.0, 8.0]])
+    out = pf.embedding(pf.tensor([0, 1], dtype=pf.int32), w, max_norm=1.0)
+    assert_close(out, [[0.6, 0.8], [0.3, 0.4]], rtol=1e-5)
+    assert_close(w[2], [6.0, 8.0])              # rows not looked up are left alone
+    assert w._version[0] == 1
+    h = pf.embedding(pf.tensor([[1]]), pf.ones(2, 3, dtype=pf.float16))
+    assert h.dtype is pf.float16 and h.shape == (1, 1, 3)
+
+
+def test_embedding_errors():
+    w = pf.ones(4, 2)
+    with pytest.raises(IndexError, match="index 4 is out of range for num_embeddings=4"):
+        pf.embedding(pf.tensor([0, 4]), w)
+    with pytest.raises(IndexError, match="index -1 is out of range"):
+        pf.embedding(pf.tensor([-1]), w)
+    with pytest.raises(TypeError, match="integer tensor"):
+        pf.embedding(pf.tensor([0.0]), w)
+    with pytest.raises(ValueError, match="padding_idx must be within num_embeddings"):
+        pf.embedding(pf.tensor([0]), w, padding_idx=4)
+    with pytest.raises(ValueError, match="must be 2-D"):
+        pf.embedding(pf.tensor([0]), pf.ones(4))
+
+
+@needs_torch
+@pytest.mark.parametrize("kw", [{}, {"padding_idx": 2}, {"scale_grad_by_freq": True},
+                                {"max_norm": 1.5}])
+def test_embedding_against_torch(kw):
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((6, 4)).astype(np.float32)
+    idx = rng.integers(0, 6, (3, 5))
+    g = rng.standard_normal((3, 5, 4)).astype(np.float32)
+    ours, theirs = pf.tensor(w, requires_grad=True), torch.tensor(w, requires_grad=True)
+    out = pf.embedding(pf.tensor(idx), ours, **kw)
+    ref = torch.nn.functional.embedding(torch.tensor(idx), theirs, **kw)
+    assert_close(out, ref.detach().numpy(), rtol=1e-6)
+    out.backward(pf.tensor(g))
+    ref.backward(torch.tensor(g))
+    assert_close(ours.grad, theirs.grad.numpy(), rtol=1e-5, atol=1e-6)
+    assert_close(ours, theirs.detach().numpy(), rtol=1e-6)   # max_norm renormalized alike
