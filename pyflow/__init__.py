@@ -8,6 +8,14 @@ import os as _os
 # fight BLAS's threads for the cores (measured: conv2d forward 10.3 ms instead of
 # 4.6 ms on 2 cores).  Must be set before numba loads its OpenMP runtime.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Likewise OpenBLAS (NumPy's BLAS) spins its idle threads for 2^28 cycles after
+# each GEMM, starving the numba kernel that follows (measured: small-CNN training
+# step 58 ms -> 12.6 ms with a short timeout; PyTorch in the same process gains
+# too).  OpenBLAS reads this when NumPy is first imported: import pyflow first,
+# or export OPENBLAS_THREAD_TIMEOUT=4 yourself.
+_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+from . import _malloc  # noqa: E402,F401  (keeps freed tensor memory for reuse; see _malloc.py)
 
 # A source checkout keeps kernels/, comm/ and models/ beside pyflow/ (setup.cfg
 # installs them as pyflow.kernels, pyflow.comm, pyflow.models); let the same

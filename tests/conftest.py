@@ -1,6 +1,8 @@
 import os
 import sys
 
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # see pyflow/__init__.py
+
 # Tests import pyflow from this checkout.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

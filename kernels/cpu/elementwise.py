@@ -7,12 +7,15 @@ compiled per (op, dtype) on first use and cached on disk.
 
 exp, log, sin, cos and tanh use NumPy's own SIMD ufuncs instead: without SVML
 numba calls scalar libm for them, about 5x slower (see ``kernels/cpu/__init__``).
+GELU, SiLU and sigmoid on contiguous float32 use the vectorizing loops of
+``activation.py`` (same scalar definitions, fast exp/erf).
 """
 import numpy as np
 from numba import vectorize
 
 from .. import scalar
 from ..registry import register
+from . import activation
 
 _NUMBA_TYPE = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64",
                np.dtype(np.int32): "int32", np.dtype(np.int64): "int64",
@@ -45,11 +48,15 @@ def ufunc(name, np_dtype):
 
 def _make_kernel(name):
     simd = _NUMPY_SIMD.get(name)
+    fast = name in activation.UNARY or name in activation.BINARY
 
     def kernel(*arrays, out=None):
-        dt = arrays[-1].dtype if name == "where" else arrays[0].dtype
         if simd is not None:
             return simd(*arrays, out=out)
+        if fast and activation.applies(name, arrays) and (
+                out is None or out.flags.c_contiguous and out.dtype == np.float32):
+            return activation.run(name, arrays, out)
+        dt = arrays[-1].dtype if name == "where" else arrays[0].dtype
         return ufunc(name, dt)(*arrays, out=out)
     kernel.__name__ = name
     kernel.__doc__ = f"CPU kernel of {name!r} (ufunc built from kernels.scalar)"

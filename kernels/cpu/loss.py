@@ -15,7 +15,8 @@ import numpy as np
 from numba import njit, prange
 
 from ..registry import register
-from .softmax import FASTMATH, fast_exp, row_max
+from .fastmath import fast_exp
+from .softmax import FASTMATH, row_max
 
 JIT = dict(nogil=True, cache=True, fastmath=FASTMATH, error_model="numpy")
 

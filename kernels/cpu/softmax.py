@@ -16,49 +16,15 @@ keeps ``math.exp``.  Row maxima use ``row_max`` (eight independent lanes).
 import math
 
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import overload
+from numba import njit, prange
 
 from ..registry import register
+from .fastmath import fast_exp
 
 # Reassociation lets LLVM vectorize the max/sum reductions; no 'nnan'/'ninf',
 # because -inf (masked logits) and NaN must behave exactly as in IEEE.
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 JIT = dict(nogil=True, cache=True, fastmath=FASTMATH, error_model="numpy")
-
-
-def fast_exp(v):
-    """exp(v) inside njit code: a vectorizable polynomial for float32."""
-    return math.exp(v)
-
-
-@overload(fast_exp)
-def _fast_exp_impl(v):
-    if isinstance(v, types.Float) and v.bitwidth == 32:
-        def impl(v):
-            # 2**k * e**r with k = round(v / ln2), |r| <= ln2 / 2 (Cephes expf)
-            keep = v > np.float32(-87.33)      # below: underflow to 0 (also -inf)
-            big = v > np.float32(88.7228)      # above: overflow to inf
-            w = min(max(v, np.float32(-87.33)), np.float32(88.7228))
-            k = np.floor(w * np.float32(1.4426950408889634) + np.float32(0.5))
-            r = w - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
-            p = np.float32(1.9875691500e-4)
-            p = p * r + np.float32(1.3981999507e-3)
-            p = p * r + np.float32(8.3334519073e-3)
-            p = p * r + np.float32(4.1665795894e-2)
-            p = p * r + np.float32(1.6666665459e-1)
-            p = p * r + np.float32(5.0000001201e-1)
-            p = p * r * r + r + np.float32(1.0)
-            # 2**k built from exponent bits, in two halves so k = -126..128 all fit
-            k1 = np.int32(k) >> 1
-            k2 = np.int32(k) - k1
-            e = (p * np.int32((k1 + 127) << 23).view(np.float32)
-                 * np.int32((k2 + 127) << 23).view(np.float32))
-            e = np.float32(np.inf) if big else e
-            e = e if keep else np.float32(0.0)
-            return e if v == v else v          # NaN in, NaN out
-        return impl
-    return lambda v: math.exp(v)
 
 
 @njit(**JIT)

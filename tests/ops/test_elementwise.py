@@ -197,3 +197,22 @@ def test_against_torch():
         UNARY[name][0](xp).sum().backward()
         tr.sum().backward()
         assert_close(xp.grad, tx.grad.numpy(), rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu", "sigmoid"])
+@pytest.mark.parametrize("size", [37, 70_001])   # serial and parallel fast loops
+def test_float32_fast_activation_loops(name, size):
+    """Contiguous float32 takes the vectorized loops of kernels/cpu/activation.py;
+    values and fused backward stay within float32 accuracy of float64."""
+    rng = np.random.default_rng(size)
+    x = (rng.standard_normal(size) * 3).astype(np.float32)
+    x[:4] = [0.0, 30.0, -30.0, np.nan]
+    pf_fn, np_fn, _ = UNARY[name]
+    t = pf.tensor(x, requires_grad=True)
+    out = pf_fn(t)
+    ref = np_fn(x.astype(np.float64))
+    np.testing.assert_allclose(out.detach().numpy(), ref, rtol=2e-6, atol=2e-6)
+    out.backward(pf.ones(size))
+    t64 = pf.tensor(x.astype(np.float64), requires_grad=True)
+    pf_fn(t64).backward(pf.ones(size, dtype=pf.float64))
+    np.testing.assert_allclose(t.grad.numpy(), t64.grad.numpy(), rtol=2e-5, atol=2e-6)

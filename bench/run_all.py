@@ -1,0 +1,21 @@
+"""Run every CPU benchmark and print the tables (medians, ratios against PyTorch)."""
+import os
+import sys
+
+# NumPy's OpenBLAS must not spin idle threads for long after each GEMM (see
+# pyflow/__init__.py); torch does not use it, so this changes nothing for torch.
+# torch is imported before pyflow so its OpenMP runtime keeps its own default
+# (active) wait policy; pyflow then sets a passive one for numba's runtime only.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import op_overhead, train_step  # noqa: E402
+from bench.common import machine, table  # noqa: E402
+
+if __name__ == "__main__":
+    print(machine())
+    rows, gm = op_overhead.run()
+    print(table(rows, ["op (4x4 float32)", "pyflow us", "torch us", "pyflow/torch time"]))
+    print()
+    print(table(train_step.run(), train_step.HEADERS))
