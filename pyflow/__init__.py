@@ -26,7 +26,7 @@ if not _os.path.isdir(_os.path.join(_here, "kernels")) and \
         _os.path.isfile(_os.path.join(_top, "setup.cfg")):
     __path__.append(_top)
 
-from . import dtypes as _dtype_mod
+from . import dtypes  # noqa: F401  (pyflow.dtypes: dtype objects and promotion)
 from .dtypes import (bfloat16, bool, double, dtype, float, float16, float32, float64,  # noqa: A004
                     get_default_dtype, half, int, int32, int64, long, promote_types,
                     result_type, set_default_dtype)

@@ -25,6 +25,20 @@ __all__ = ["Tensor", "Size"]
 TENSOR_TYPES = set()
 
 
+def parse_to_args(args, dtype=None, device=None):
+    """The (dtype, device) asked for by ``.to(*args)``: dtypes, devices or a Tensor."""
+    for a in args:
+        if isinstance(a, Tensor):
+            dtype, device = a.dtype, a.device
+        elif type(a) is _dt.dtype:
+            dtype = a
+        elif isinstance(a, (str, int)) or type(a).__name__ == "device":
+            device = a
+        else:
+            raise TypeError(f"to(): expected a dtype, a device or a Tensor, got {a!r}")
+    return dtype, device
+
+
 class Size(tuple):
     """torch.Size: a tuple of ints."""
 
@@ -267,15 +281,7 @@ class Tensor:
 
     # ------------------------------------------------------------- conversion
     def to(self, *args, dtype=None, device=None, copy=False, non_blocking=False):
-        for a in args:
-            if isinstance(a, Tensor):
-                dtype, device = a.dtype, a.device
-            elif type(a) is _dt.dtype:
-                dtype = a
-            elif isinstance(a, (str, int)) or type(a).__name__ == "device":
-                device = a
-            else:
-                raise TypeError(f"to(): expected a dtype, a device or a Tensor, got {a!r}")
+        dtype, device = parse_to_args(args, dtype, device)
         from . import ops
         out = self
         if device is not None:

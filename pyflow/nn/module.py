@@ -13,7 +13,7 @@ from collections import OrderedDict, namedtuple
 from .. import dtypes as _dt
 from ..autograd import no_grad
 from ..device import as_device, check_available
-from ..tensor import Tensor
+from ..tensor import Tensor, parse_to_args
 from .parameter import Parameter
 
 __all__ = ["Module", "RemovableHandle"]
@@ -353,15 +353,7 @@ class Module:
         kwargs.pop("non_blocking", None)
         if kwargs:
             raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
-        for a in args:
-            if isinstance(a, Tensor):
-                dtype, device = a.dtype, a.device
-            elif type(a) is _dt.dtype:
-                dtype = a
-            elif isinstance(a, (str, int)) or type(a).__name__ == "device":
-                device = a
-            else:
-                raise TypeError(f"to(): expected a dtype, a device or a Tensor, got {a!r}")
+        dtype, device = parse_to_args(args, dtype, device)
         if dtype is not None:
             dtype = _dt.as_dtype(dtype)
             if not dtype.is_floating_point:

@@ -14,7 +14,6 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..autograd import Function
-from ..tensor import Tensor
 from ._util import check_tensor, compute_array, kernel, unbroadcast, wrap
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss",

@@ -11,7 +11,7 @@ from .. import dtypes as _dt
 from ..autograd import Function
 from ..tensor import Tensor
 from ._method import tensor_method
-from ._util import check_tensor, kernel, normalize_dims, shape_arg, wrap
+from ._util import check_tensor, kernel, normalize_dims, shape_arg
 
 __all__ = ["cast", "clone", "contiguous", "view", "reshape", "transpose", "swapaxes", "permute",
            "t", "expand", "expand_as", "unsqueeze", "squeeze", "flatten", "unflatten", "split",

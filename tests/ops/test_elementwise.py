@@ -81,9 +81,6 @@ def test_double_backward_through_activation():
         (g,) = pf.autograd.grad(fn(x).sum(), x, create_graph=True)
         (gg,) = pf.autograd.grad(g.sum(), x)
         eps = 1e-6
-        num = [(pf.autograd.grad(fn(pf.tensor(v + eps, requires_grad=True)).sum(),
-                                 pf.tensor(0.0))
-                if False else None) for v in ()]
         xp = pf.tensor(x.detach().numpy() + eps, requires_grad=True)
         xm = pf.tensor(x.detach().numpy() - eps, requires_grad=True)
         (gp,) = pf.autograd.grad(fn(xp).sum(), xp)
