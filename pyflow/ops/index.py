@@ -316,8 +316,28 @@ def _as_value_tensor(value, like, op):
 
 
 # ------------------------------------------------------------------ t[key], t[key] = v
+def _plain_key(shape, key):
+    """``key`` as a tuple when it is only in-range ints and plain slices (the
+    common case, a view with nothing to parse), else None."""
+    ks = key if type(key) is tuple else (key,)
+    if len(ks) > len(shape):
+        return None
+    for k, n in zip(ks, shape):
+        if type(k) is int:
+            if not -n <= k < n:
+                return None
+        elif type(k) is not slice or not (
+                (k.start is None or type(k.start) is int) and (k.stop is None or type(k.stop) is int)
+                and (k.step is None or type(k.step) is int and k.step > 0)):
+            return None
+    return ks
+
+
 @tensor_method("__getitem__")
 def getitem(self, key):
+    plain = _plain_key(self._data.shape, key)
+    if plain is not None:
+        return SliceView.apply(self, plain)
     return _take(self, _parse(self._data.shape, key))
 
 
