@@ -13,7 +13,7 @@ class KernelNotFound(RuntimeError):
 
 _KERNELS = {}
 _LOADED = set()
-_BACKEND_PACKAGES = {"cpu": "pyflow.kernels.cpu"}
+_BACKEND_PACKAGES = {"cpu": "pyflow.kernels.cpu", "cuda": "pyflow.kernels.cuda"}
 
 
 def register(op, device_type):

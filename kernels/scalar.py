@@ -48,7 +48,7 @@ def log(x): return math.log(x) if x > 0 else (-math.inf if x == 0 else math.nan)
 def sqrt(x): return math.sqrt(x) if x >= 0 else math.nan
 def rsqrt(x): return 1.0 / math.sqrt(x) if x > 0 else (math.inf if x == 0 else math.nan)
 def abs_(x): return -x if x < 0 else x
-def sign(x): return (x > 0) - (x < 0) if x == x else x
+def sign(x): return (int(x > 0) - int(x < 0)) if x == x else x
 def sin(x): return math.sin(x)
 def cos(x): return math.cos(x)
 def tanh(x): return math.tanh(x)

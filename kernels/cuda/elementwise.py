@@ -1,0 +1,392 @@
+"""Elementwise CUDA kernels generated from the scalar definitions in ``kernels/scalar.py``.
+
+Every scalar function becomes a ``@cuda.jit(device=True)`` function, called
+from one of two generated ``@cuda.jit`` kernels, both grid-stride loops over
+the flat (C-order) output:
+
+* ``contiguous``: every operand is one dense run of the same length, so
+  element ``i`` of the output reads element ``i`` of each input (no index math);
+* ``strided``: each operand (output included) gets its element strides over
+  the output's shape (0 along broadcast dimensions) and the element offset of
+  its first element; the flat index is unravelled once per element and dotted
+  with each operand's strides.  Shapes and strides travel as tuples, so numba
+  specialises the kernel per number of dimensions and unrolls the loop.
+
+Before launching, dimensions of size 1 are dropped and neighbouring dimensions
+that are contiguous in every operand are merged (as PyTorch's TensorIterator
+does), so most non-broadcast inputs take the contiguous kernel and the strided
+one rarely sees more than 2-3 dimensions.  Operands reach the kernel as 1-D
+views of the memory they span, which works alike for NumPy arrays (simulator)
+and for any ``__cuda_array_interface__`` object (a real GPU).
+
+dtypes: float32, float64, int32, int64 and bool as each op's kind allows, and
+float16, which is loaded, computed in float32 and stored back as float16.
+bfloat16 has no kernels here: numba's simulator has no bf16 type, so these
+kernels could not be tested without a GPU (ops compute bf16 in float32).
+
+float32 kernels use the float32 clone of each scalar function
+(``activation._float32_version``): Python float literals would otherwise make
+numba compute float32 data in float64, which is 2x-64x slower on a GPU.
+
+Kernels are compiled lazily, once per (op, dtype, layout), and cached.
+"""
+import math
+import types as _pytypes
+
+import numpy as np
+from numba import cuda
+from numba import types as nbtypes
+
+from .. import scalar
+from ..cpu.activation import _float32_version
+from ..registry import register
+
+THREADS_PER_BLOCK = 256
+MAX_BLOCKS = 8192          # grid-stride loops: more blocks than ~64 per SM buy nothing
+
+# name -> (scalar function, kind, number of inputs)
+OPS = {name: (fn, kind, fn.__code__.co_argcount)
+       for table in (scalar.UNARY, scalar.BINARY, scalar.TERNARY)
+       for name, (fn, kind) in table.items()}
+
+_NUMERIC = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int32, np.int64))
+_FLOATS = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+_BOOL = np.dtype(np.bool_)
+# The input dtypes each kind of op has kernels for (the dtype of the values; the
+# condition of ``where`` is always bool).  Mirrors what the CPU ufuncs accept.
+DTYPES = {"arith": _NUMERIC + (_BOOL,), "float": _FLOATS, "compare": _NUMERIC + (_BOOL,),
+          "logical": _NUMERIC + (_BOOL,), "select": _NUMERIC + (_BOOL,)}
+_NUMBA_TYPE = {np.dtype(np.float16): nbtypes.float16, np.dtype(np.float32): nbtypes.float32,
+               np.dtype(np.float64): nbtypes.float64, np.dtype(np.int32): nbtypes.int32,
+               np.dtype(np.int64): nbtypes.int64, _BOOL: nbtypes.boolean}
+LAYOUTS = ("contiguous", "strided")
+# PyTorch rejects these on bool (NumPy's bool scalars, which the simulator
+# computes with, reject neg and sub too), so there are no bool kernels for them.
+_NO_BOOL = ("neg", "sub", "floor_divide", "remainder")
+
+
+def supported_dtypes(name):
+    """The input dtypes op ``name`` has CUDA kernels for."""
+    dtypes = DTYPES[_op(name)[1]]
+    return tuple(d for d in dtypes if d != _BOOL) if name in _NO_BOOL else dtypes
+
+
+def result_dtype(name, dtype):
+    """The output dtype of op ``name`` on inputs of ``dtype``."""
+    return _BOOL if _op(name)[1] in ("compare", "logical") else np.dtype(dtype)
+
+
+def _op(name):
+    try:
+        return OPS[name]
+    except KeyError:
+        raise ValueError(f"unknown elementwise op {name!r}; known: {sorted(OPS)}") from None
+
+
+# ------------------------------------------------------------------ device functions
+# math with float32 inf/nan, so ``-math.inf`` in a float32 clone stays float32.
+_math32 = _pytypes.ModuleType("pyflow_cuda_math32")
+_math32.__dict__.update(math.__dict__)
+for _c in ("inf", "nan", "pi", "e", "tau"):
+    setattr(_math32, _c, np.float32(getattr(math, _c)))
+
+
+def _float32_clone(fn):
+    """``fn`` with float32 constants (reusing the CPU backend's float32 clone) and
+    CUDA's own math functions (libdevice) instead of the CPU's fast_exp/fast_erf.
+
+    Integer literals become float32 too: ``x * 0`` (relu) would otherwise be
+    float32 * int64, which numba types as float64.  The scalar functions only
+    use integer literals as arithmetic operands, so this is safe for them.
+    """
+    clone = _float32_version(fn).py_func          # njit is lazy: nothing compiles here
+    code = clone.__code__
+    code = code.replace(co_consts=tuple(np.float32(c) if type(c) is int else c
+                                        for c in code.co_consts))
+    globs = dict(clone.__globals__, math=_math32)
+    return _pytypes.FunctionType(code, globs, clone.__name__, clone.__defaults__,
+                                 clone.__closure__)
+
+
+def _widened(dev, nin):
+    """Device function computing float16 data in float32 (exact widening)."""
+    f32 = np.float32
+    if nin == 1:
+        def op(a): return dev(f32(a))
+    elif nin == 2:
+        def op(a, b): return dev(f32(a), f32(b))
+    else:
+        def op(a, b, c): return dev(f32(a), f32(b), f32(c))
+    return cuda.jit(device=True)(op)
+
+
+def device_function(name, dtype):
+    """A new ``@cuda.jit(device=True)`` function computing op ``name`` on ``dtype`` inputs."""
+    fn, kind, nin = _op(name)
+    dtype = np.dtype(dtype)
+    if dtype in _FLOATS and dtype != np.float64 and kind != "select":
+        dev = cuda.jit(device=True)(_float32_clone(fn))
+        return _widened(dev, nin) if dtype == np.float16 else dev
+    return cuda.jit(device=True)(fn)
+
+
+# ------------------------------------------------------------------ kernel generation
+def _kernel_source(nin, layout):
+    """Python source of a grid-stride kernel calling ``op`` on ``nin`` inputs.
+
+    For nin=2, layout="strided" it reads::
+
+        def kernel(out, n, shape, out_st, out_off, a0, a0_st, a0_off, a1, a1_st, a1_off):
+            for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+                rem = i
+                p_out = out_off; p0 = a0_off; p1 = a1_off
+                for d in range(len(shape) - 1, -1, -1):
+                    q = rem // shape[d]
+                    j = rem - q * shape[d]
+                    rem = q
+                    p_out += j * out_st[d]; p0 += j * a0_st[d]; p1 += j * a1_st[d]
+                out[p_out] = op(a0[p0], a1[p1])
+    """
+    ins = [f"a{k}" for k in range(nin)]
+    if layout == "contiguous":
+        return (f"def kernel(out, {', '.join(ins)}):\n"
+                f"    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):\n"
+                f"        out[i] = op({', '.join(a + '[i]' for a in ins)})\n")
+    params = ", ".join(f"a{k}, a{k}_st, a{k}_off" for k in range(nin))
+    starts = "; ".join(f"p{k} = a{k}_off" for k in range(nin))
+    steps = "; ".join(f"p{k} += j * a{k}_st[d]" for k in range(nin))
+    return (f"def kernel(out, n, shape, out_st, out_off, {params}):\n"
+            f"    for i in range(cuda.grid(1), n, cuda.gridsize(1)):\n"
+            f"        rem = i\n"
+            f"        p_out = out_off; {starts}\n"
+            f"        for d in range(len(shape) - 1, -1, -1):\n"
+            f"            q = rem // shape[d]\n"
+            f"            j = rem - q * shape[d]\n"
+            f"            rem = q\n"
+            f"            p_out += j * out_st[d]; {steps}\n"
+            f"        out[p_out] = op({', '.join(f'a{k}[p{k}]' for k in range(nin))})\n")
+
+
+def kernel_function(name, dtype, layout):
+    """The plain Python function of op ``name``'s kernel (not yet ``cuda.jit``-ed),
+    with fresh device functions; ``compile_ptx`` takes this."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    nin = _op(name)[2]
+    namespace = {"cuda": cuda, "op": device_function(name, dtype)}
+    exec(compile(_kernel_source(nin, layout), f"<cuda {layout} kernel {name}>", "exec"),
+         namespace)
+    kernel = namespace["kernel"]
+    kernel.__name__ = f"{name}_{np.dtype(dtype).name}_{layout}"
+    return kernel
+
+
+def kernel_signature(name, dtype, layout, ndim=3):
+    """The numba argument types of a kernel (``ndim`` only matters for ``strided``)."""
+    fn, kind, nin = _op(name)
+    t = _NUMBA_TYPE[np.dtype(dtype)]
+    out = _NUMBA_TYPE[result_dtype(name, dtype)][::1]
+    ins = [t[::1]] * nin
+    if kind == "select":
+        ins[0] = nbtypes.boolean[::1]
+    if layout == "contiguous":
+        return (out, *ins)
+    dims = nbtypes.UniTuple(nbtypes.int64, ndim)
+    args = [out, nbtypes.int64, dims, dims, nbtypes.int64]
+    for a in ins:
+        args += [a, dims, nbtypes.int64]
+    return tuple(args)
+
+
+def specs():
+    """Every (op, dtype, layout) this module generates a kernel for."""
+    return [(name, dtype, layout) for name in OPS for dtype in supported_dtypes(name)
+            for layout in LAYOUTS]
+
+
+_kernels = {}
+
+
+def _kernel(name, dtype, layout):
+    key = (name, dtype, layout)
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = cuda.jit(kernel_function(name, dtype, layout))
+    return k
+
+
+# ------------------------------------------------------------------ host side: layouts
+class _DeviceSpan:
+    """A 1-D ``__cuda_array_interface__`` over ``size`` elements from ``ptr``;
+    keeps the array it views alive."""
+
+    def __init__(self, owner, ptr, size, typestr):
+        self._owner = owner
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": typestr,
+                                         "data": (ptr, False), "strides": None, "version": 3}
+
+
+def _describe(a):
+    """(shape, byte strides, dtype) of a NumPy array or a CUDA array interface object."""
+    if isinstance(a, np.ndarray):
+        return a.shape, a.strides, a.dtype
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is None:
+        raise TypeError(f"expected a NumPy array (simulator) or an object with "
+                        f"__cuda_array_interface__, got {type(a).__name__}")
+    shape, dtype = tuple(cai["shape"]), np.dtype(cai["typestr"])
+    strides = cai.get("strides")
+    if strides is None:                      # C-contiguous
+        strides, step = [], dtype.itemsize
+        for n in reversed(shape):
+            strides.insert(0, step)
+            step *= max(n, 1)
+    return shape, tuple(strides), dtype
+
+
+def _span(a, shape, strides, dtype):
+    """A 1-D view of the memory ``a`` touches, and the element offset of ``a``'s
+    first element in it (nonzero only with negative strides)."""
+    size = 1 + sum((n - 1) * abs(s) for n, s in zip(shape, strides)) // dtype.itemsize
+    back = sum((n - 1) * -s for n, s in zip(shape, strides) if s < 0)   # bytes
+    if isinstance(a, np.ndarray):
+        corner = a[tuple(slice(n - 1, n) if s < 0 else slice(0, 1)
+                         for n, s in zip(shape, strides))] if a.ndim else a.reshape(1)
+        view = np.lib.stride_tricks.as_strided(corner, (size,), (dtype.itemsize,),
+                                               writeable=a.flags.writeable)
+    else:
+        ptr = a.__cuda_array_interface__["data"][0]
+        view = _DeviceSpan(a, ptr - back, size, dtype.str)
+    return view, back // dtype.itemsize
+
+
+def _element_strides(shape, strides, dtype, out_shape, what):
+    """``strides`` in elements, broadcast to ``out_shape`` (0 along broadcast dims)."""
+    lead = len(out_shape) - len(shape)
+    result = [0] * lead
+    for n, s, m in zip(shape, strides, out_shape[lead:]):
+        if s % dtype.itemsize:
+            raise ValueError(f"{what}: byte stride {s} is not a multiple of the item size "
+                             f"{dtype.itemsize}; make the array contiguous first")
+        result.append(0 if n == 1 and m != 1 else s // dtype.itemsize)
+    return result
+
+
+def _coalesce(shape, per_operand):
+    """Drop size-1 dims and merge neighbours that are contiguous in every operand."""
+    keep = [d for d, n in enumerate(shape) if n != 1]
+    shape = [shape[d] for d in keep]
+    per_operand = [[st[d] for d in keep] for st in per_operand]
+    d = len(shape) - 1
+    while d > 0:
+        if all(st[d - 1] == st[d] * shape[d] for st in per_operand):
+            shape[d - 1] *= shape[d]
+            del shape[d]
+            for st in per_operand:
+                st[d - 1] = st[d]
+                del st[d]
+        d -= 1
+    return tuple(shape), [tuple(st) for st in per_operand]
+
+
+def launch_config(n):
+    """(blocks, threads per block) for ``n`` elements: grid-stride, capped grid."""
+    threads = min(THREADS_PER_BLOCK, max(32, -(-n // 32) * 32))
+    return min(-(-n // threads), MAX_BLOCKS), threads
+
+
+def launch(name, out, *inputs, stream=0):
+    """Compute op ``name`` of ``inputs`` into ``out`` (all device arrays, or NumPy
+    arrays under the simulator); inputs broadcast to ``out``'s shape."""
+    fn, kind, nin = _op(name)
+    if len(inputs) != nin:
+        raise TypeError(f"{name}: expected {nin} input array(s), got {len(inputs)}")
+    described = [_describe(a) for a in inputs]
+    out_shape, out_strides, out_dtype = _describe(out)
+    values = described[1:] if kind == "select" else described
+    dtype = values[0][2]
+    if any(d[2] != dtype for d in values):
+        raise TypeError(f"{name}: inputs must share one dtype, got "
+                        f"{[str(d[2]) for d in values]}")
+    if kind == "select" and described[0][2] != _BOOL:
+        raise TypeError(f"{name}: condition must be bool, got {described[0][2]}")
+    if dtype not in supported_dtypes(name):
+        raise TypeError(f"{name}: no CUDA kernel for dtype {dtype}; supported: "
+                        f"{[str(d) for d in supported_dtypes(name)]}")
+    if out_dtype != result_dtype(name, dtype):
+        raise TypeError(f"{name}: out must have dtype {result_dtype(name, dtype)} for "
+                        f"{dtype} inputs, got {out_dtype}")
+    shape = np.broadcast_shapes(*(d[0] for d in described))
+    if shape != tuple(out_shape):
+        raise ValueError(f"{name}: out has shape {tuple(out_shape)} but the inputs "
+                         f"broadcast to {shape}")
+    n = math.prod(shape)
+    if n == 0:
+        return out
+
+    operands = [(out, out_shape, out_strides, out_dtype)] + [
+        (a, *d) for a, d in zip(inputs, described)]
+    spans, offsets, strides = [], [], []
+    for i, (a, s, st, dt) in enumerate(operands):
+        view, off = _span(a, s, st, dt)
+        spans.append(view)
+        offsets.append(off)
+        strides.append(_element_strides(s, st, dt, shape, "out" if i == 0 else f"input {i - 1}"))
+    if any(st == 0 for st, m in zip(strides[0], shape) if m > 1):
+        raise ValueError(f"{name}: out must not be a broadcast (expanded) view")
+    shape, strides = _coalesce(list(shape), strides)
+
+    if isinstance(spans[0], np.ndarray):
+        # Simulator: it copies NumPy arguments in and back out; inputs are only
+        # copied in (they may be read-only broadcast views).
+        spans[1:] = [cuda.In(v) if isinstance(v, np.ndarray) else v for v in spans[1:]]
+
+    blocks, threads = launch_config(n)
+    if len(shape) <= 1 and all(off == 0 for off in offsets) and \
+            all(st == () or st == (1,) for st in strides):
+        args = spans
+        _kernel(name, dtype, "contiguous")[blocks, threads, stream](*args)
+    else:
+        args = [spans[0], n, shape, strides[0], offsets[0]]
+        for view, st, off in zip(spans[1:], strides[1:], offsets[1:]):
+            args += [view, st, off]
+        _kernel(name, dtype, "strided")[blocks, threads, stream](*args)
+    return out
+
+
+# ------------------------------------------------------------------ registered kernels
+def _empty(shape, dtype, like):
+    """A new output array.  Under the simulator this is NumPy; the real-GPU device
+    work replaces it with an allocation from the CuPy memory pool."""
+    return np.empty(shape, dtype)
+
+
+def _as_array(x, dtype, like):
+    """A kernel operand: arrays as they are, numbers (NumPy scalars) as 0-d arrays."""
+    if isinstance(x, np.generic):
+        return np.asarray(x)
+    if isinstance(x, (bool, int, float)):
+        return np.asarray(x, dtype)
+    return x            # arrays; anything else is refused by launch() with a clear error
+
+
+def _make_kernel(name):
+    kind = _op(name)[1]
+
+    def kernel(*arrays, out=None):
+        like = next((a for a in arrays if hasattr(a, "shape")), None)
+        default = like.dtype if like is not None else np.dtype(np.float64)
+        arrays = [_as_array(a, default, like) for a in arrays]
+        if out is None:
+            described = [_describe(a) for a in arrays]
+            dtype = (described[-1] if kind == "select" else described[0])[2]
+            shape = np.broadcast_shapes(*(d[0] for d in described))
+            out = _empty(shape, result_dtype(name, dtype), like)
+        return launch(name, out, *arrays)
+    kernel.__name__ = name
+    kernel.__doc__ = f"CUDA kernel of {name!r} (numba.cuda, generated from kernels.scalar)"
+    return kernel
+
+
+for _name in OPS:
+    register(_name, "cuda")(_make_kernel(_name))

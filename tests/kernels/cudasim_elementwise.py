@@ -1,0 +1,187 @@
+"""Checks every CUDA elementwise kernel in numba's CUDA simulator (no GPU needed).
+
+Run by ``test_cuda_elementwise.py`` in its own process, because
+``NUMBA_ENABLE_CUDASIM=1`` must be set before numba is first imported::
+
+    NUMBA_ENABLE_CUDASIM=1 python tests/kernels/cudasim_elementwise.py
+
+For every op and every dtype it has a kernel for, on tiny shapes (<= 64
+elements): same-shape contiguous inputs, broadcasting (including a 0-d
+operand), transposed and step-sliced inputs, and a non-contiguous ``out``.
+The reference is the CPU kernel of the op evaluated in float64 for float
+dtypes (exact upcast of the inputs) and in the same dtype otherwise.  Prints
+one line per failure and exits 1 if there was any.
+"""
+import os
+import sys
+import time
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+    sys.exit("set NUMBA_ENABLE_CUDASIM=1 before running this script")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np  # noqa: E402
+from numba import config  # noqa: E402
+
+import pyflow.kernels.cpu.elementwise  # noqa: E402,F401  (registers the CPU references)
+import pyflow.kernels.cuda.elementwise as ew  # noqa: E402
+from pyflow.kernels import registry  # noqa: E402
+
+assert config.ENABLE_CUDASIM, "numba did not pick up NUMBA_ENABLE_CUDASIM=1"
+
+TOL = {np.float16: (2e-3, 2e-3), np.float32: (2e-6, 1e-6), np.float64: (1e-12, 1e-13)}
+rng = np.random.default_rng(0)
+
+
+def values(name, position, shape, dtype):
+    """Inputs that keep op ``name`` away from undefined results (x // 0, 0 ** -1)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype.kind in "iu":
+        if name == "pow":
+            return rng.integers(-3, 4, shape).astype(dtype) if position == 0 else \
+                rng.integers(0, 4, shape).astype(dtype)
+        v = rng.integers(-5, 6, shape).astype(dtype)
+        if name in ("floor_divide", "remainder") and position == 1:
+            v[v == 0] = 3
+        return v
+    v = rng.uniform(-2.0, 2.0, shape)
+    if name == "pow" and position == 0:
+        v = rng.uniform(0.25, 2.0, shape)
+    if name in ("div", "floor_divide", "remainder", "reciprocal") and \
+            position == ew.OPS[name][2] - 1:
+        v = np.where(np.abs(v) < 0.25, 0.5, v)
+    if name in ("log", "sqrt", "rsqrt") and v.size > 2:
+        v.flat[0], v.flat[1] = 0.0, -1.0          # the zero and negative branches
+    if name == "silu" and v.size > 2:
+        v.flat[0] = -40.0                         # the x < -30 branch
+    return v.astype(dtype)
+
+
+def operands(name, dtype, shapes, layout):
+    """Input arrays of ``shapes`` laid out as asked."""
+    kind = ew.OPS[name][1]
+    out = []
+    for k, shape in enumerate(shapes):
+        dt = np.bool_ if kind == "select" and k == 0 else dtype
+        if layout == "transposed" and len(shape) >= 2:
+            base = values(name, k, shape[:-2] + shape[-1:] + shape[-2:-1], dt)
+            out.append(np.swapaxes(base, -1, -2))
+        elif layout == "sliced" and len(shape) >= 1:
+            base = values(name, k, shape[:-1] + (2 * shape[-1] + 1,), dt)
+            out.append(base[..., 1::2])
+        elif layout == "reversed" and len(shape) >= 1:
+            out.append(values(name, k, shape, dt)[..., ::-1])
+        else:
+            out.append(values(name, k, shape, dt))
+    return out
+
+
+def reference(name, inputs, dtype):
+    cpu = registry.get(name, "cpu")
+    if np.dtype(dtype).kind == "f":
+        inputs = [a.astype(np.float64) if a.dtype.kind == "f" else a for a in inputs]
+    return np.asarray(cpu(*inputs))
+
+
+CASES = {  # layout name -> (shapes per arity, input layout, out layout)
+    "contiguous": ({1: [(3, 5)], 2: [(3, 5)] * 2, 3: [(3, 5)] * 3}, "contiguous"),
+    "broadcast": ({1: [(1, 4)], 2: [(3, 1, 4), (5, 1)], 3: [(2, 1, 3), (4, 1), (3,)]},
+                  "contiguous"),
+    "0-d operand": ({1: [()], 2: [(2, 3), ()], 3: [(2, 3), (), (3,)]}, "contiguous"),
+    "transposed": ({1: [(4, 3)], 2: [(4, 3)] * 2, 3: [(2, 4, 3)] * 3}, "transposed"),
+    "sliced": ({1: [(3, 4)], 2: [(3, 4), (4,)], 3: [(3, 4), (3, 4), (1, 4)]}, "sliced"),
+    "reversed": ({1: [(5,)], 2: [(2, 5)] * 2, 3: [(5,)] * 3}, "reversed"),
+}
+
+
+def check(name, dtype, case, failures):
+    nin = ew.OPS[name][2]
+    shapes_by_arity, layout = CASES[case]
+    shapes = shapes_by_arity[nin]
+    inputs = operands(name, dtype, shapes, layout)
+    if case == "broadcast" and nin == 1:
+        inputs = [np.broadcast_to(inputs[0], (3, 4))]        # an expanded (stride 0) input
+    kernel = registry.get(name, "cuda")
+    label = f"{name} {np.dtype(dtype)} {case}"
+    try:
+        got = kernel(*inputs)
+        if case == "transposed":                             # and a non-contiguous out
+            shape = got.shape
+            out = np.empty(shape[:-2] + shape[-1:] + shape[-2:-1], got.dtype)
+            out = np.swapaxes(out, -1, -2)
+            kernel(*inputs, out=out)
+            if not np.array_equal(out, got, equal_nan=got.dtype.kind == "f"):
+                failures.append(f"{label}: out= on a transposed view differs")
+    except Exception as e:  # report every op, not just the first failure
+        failures.append(f"{label}: raised {type(e).__name__}: {e}")
+        return
+    want = reference(name, inputs, dtype)
+    if got.shape != want.shape or got.dtype != ew.result_dtype(name, dtype):
+        failures.append(f"{label}: got {got.shape} {got.dtype}, want {want.shape} "
+                        f"{ew.result_dtype(name, dtype)}")
+        return
+    if got.dtype.kind == "f":
+        rtol, atol = TOL[got.dtype.type]
+        ok = np.allclose(got.astype(np.float64), want, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        ok = np.array_equal(got, want.astype(got.dtype))
+    if not ok:
+        failures.append(f"{label}: inputs {[a.tolist() for a in inputs]}\n"
+                        f"  got  {got.tolist()}\n  want {want.tolist()}")
+
+
+def check_errors(failures):
+    """Bad input gives a clear exception, not a simulator crash."""
+    add = registry.get("add", "cuda")
+    a = np.ones((2, 3), np.float32)
+    expectations = [
+        (lambda: add(a, np.ones((2, 3), np.float64)), TypeError, "share one dtype"),
+        (lambda: add(a, np.ones((4,), np.float32)), ValueError, "broadcast"),
+        (lambda: add(a, a, out=np.empty((2, 3), np.float64)), TypeError, "out must have dtype"),
+        (lambda: add(a, a, out=np.empty((3, 3), np.float32)), ValueError, "out has shape"),
+        (lambda: registry.get("exp", "cuda")(np.ones(3, np.int32)), TypeError, "no CUDA kernel"),
+        (lambda: ew.launch("where", np.empty(3, np.float32), a[0], a[0], a[0]), TypeError,
+         "condition must be bool"),
+        (lambda: ew.launch("nope", a, a), ValueError, "unknown elementwise op"),
+        (lambda: registry.get("neg", "cuda")(np.ones(3, np.bool_)), TypeError, "dtype bool"),
+        (lambda: add(a, "x"), TypeError, "__cuda_array_interface__"),
+    ]
+    for call, exc, text in expectations:
+        try:
+            call()
+        except exc as e:
+            if text not in str(e):
+                failures.append(f"error message {str(e)!r} lacks {text!r}")
+        else:
+            failures.append(f"expected {exc.__name__} containing {text!r}")
+
+
+def check_empty(failures):
+    got = registry.get("mul", "cuda")(np.ones((0, 3)), np.ones((1, 3)))
+    if got.shape != (0, 3):
+        failures.append(f"empty input: got shape {got.shape}")
+
+
+def main():
+    start = time.perf_counter()
+    failures, count = [], 0
+    for name in ew.OPS:
+        op_failures = []
+        for dtype in ew.supported_dtypes(name):
+            for case in CASES:
+                check(name, dtype, case, op_failures)
+                count += 1
+        failures += op_failures
+    check_errors(failures)
+    check_empty(failures)
+    for f in failures:
+        print("FAIL", f)
+    print(f"{count} op/dtype/layout checks, {len(failures)} failures, "
+          f"{time.perf_counter() - start:.1f} s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
