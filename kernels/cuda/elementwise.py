@@ -40,9 +40,12 @@ from numba import types as nbtypes
 from .. import scalar
 from ..cpu.activation import _float32_version
 from ..registry import register
+from ._memory import MAX_BLOCKS, THREADS_PER_BLOCK, empty, launch_config, to_device  # noqa: F401
+from ._memory import stream as _current_stream
 
-THREADS_PER_BLOCK = 256
-MAX_BLOCKS = 8192          # grid-stride loops: more blocks than ~64 per SM buy nothing
+
+def _stream(stream):
+    return _current_stream() if stream is None else stream
 
 # name -> (scalar function, kind, number of inputs)
 OPS = {name: (fn, kind, fn.__code__.co_argcount)
@@ -289,13 +292,7 @@ def _coalesce(shape, per_operand):
     return tuple(shape), [tuple(st) for st in per_operand]
 
 
-def launch_config(n):
-    """(blocks, threads per block) for ``n`` elements: grid-stride, capped grid."""
-    threads = min(THREADS_PER_BLOCK, max(32, -(-n // 32) * 32))
-    return min(-(-n // threads), MAX_BLOCKS), threads
-
-
-def launch(name, out, *inputs, stream=0):
+def launch(name, out, *inputs, stream=None):
     """Compute op ``name`` of ``inputs`` into ``out`` (all device arrays, or NumPy
     arrays under the simulator); inputs broadcast to ``out``'s shape."""
     fn, kind, nin = _op(name)
@@ -345,28 +342,22 @@ def launch(name, out, *inputs, stream=0):
     if len(shape) <= 1 and all(off == 0 for off in offsets) and \
             all(st == () or st == (1,) for st in strides):
         args = spans
-        _kernel(name, dtype, "contiguous")[blocks, threads, stream](*args)
+        _kernel(name, dtype, "contiguous")[blocks, threads, _stream(stream)](*args)
     else:
         args = [spans[0], n, shape, strides[0], offsets[0]]
         for view, st, off in zip(spans[1:], strides[1:], offsets[1:]):
             args += [view, st, off]
-        _kernel(name, dtype, "strided")[blocks, threads, stream](*args)
+        _kernel(name, dtype, "strided")[blocks, threads, _stream(stream)](*args)
     return out
 
 
 # ------------------------------------------------------------------ registered kernels
-def _empty(shape, dtype, like):
-    """A new output array.  Under the simulator this is NumPy; the real-GPU device
-    work replaces it with an allocation from the CuPy memory pool."""
-    return np.empty(shape, dtype)
-
-
 def _as_array(x, dtype, like):
     """A kernel operand: arrays as they are, numbers (NumPy scalars) as 0-d arrays."""
     if isinstance(x, np.generic):
-        return np.asarray(x)
+        return to_device(np.asarray(x), like)
     if isinstance(x, (bool, int, float)):
-        return np.asarray(x, dtype)
+        return to_device(np.asarray(x, dtype), like)
     return x            # arrays; anything else is refused by launch() with a clear error
 
 
@@ -381,7 +372,7 @@ def _make_kernel(name):
             described = [_describe(a) for a in arrays]
             dtype = (described[-1] if kind == "select" else described[0])[2]
             shape = np.broadcast_shapes(*(d[0] for d in described))
-            out = _empty(shape, result_dtype(name, dtype), like)
+            out = empty(shape, result_dtype(name, dtype), like)
         return launch(name, out, *arrays)
     kernel.__name__ = name
     kernel.__doc__ = f"CUDA kernel of {name!r} (numba.cuda, generated from kernels.scalar)"

@@ -14,7 +14,7 @@ import types
 import numpy as np
 import pytest
 
-cuda = pytest.importorskip("numba.cuda")
+from numba import cuda  # noqa: E402
 import numba.cuda.dispatcher as cuda_dispatcher  # noqa: E402
 
 from pyflow.kernels.cuda import elementwise as ew  # noqa: E402

@@ -1,0 +1,188 @@
+"""Dropout on the GPU: the masked scaling the op calls, and a fused kernel that
+draws the mask itself from counter-based random numbers.
+
+``dropout(x, keep, scale)`` (registered, the CPU kernel's signature): the op
+draws ``keep`` on the host from a ``pyflow.random`` generator (NumPy's Philox)
+and this kernel applies it, so CPU and CUDA give bit-identical masks for one
+seed.  The price is a host-side draw and a host->device copy of the mask.
+
+``dropout_philox(x, p, seed, offset)`` (not registered: the CPU backend has no
+counterpart yet) draws the mask on the device, with no transfer: element ``e``
+takes 32 random bits from Philox-4x32-10 (Salmon et al., SC'11; the generator
+of cuRAND and PyTorch's CUDA dropout) at
+
+    key     = (seed & 0xffffffff, seed >> 32)
+    counter = (e // 4 low word, e // 4 high word, offset low word, offset high word)
+
+and uses output word ``e % 4``.  The mask is a pure function of (seed, offset,
+element index): the same seed gives the same mask for any grid or block size,
+and a caller advances ``offset`` (like PyTorch's philox offset) so successive
+calls with one seed differ.  These masks are NOT the bits of the CPU path
+(NumPy's Philox is the 4x64 variant, drawn in a different order); each path is
+reproducible from its own seed.  An element is kept when
+``u = (bits >> 8) * 2**-24`` (a float32 uniform in [0, 1)) is ``>= p``, the
+same comparison the op makes with its float32 draw.
+
+Like the CPU kernel, dropped elements are ``x * 0`` (NaN stays NaN, as in
+PyTorch).  float32 data is computed in float32 (no float64 literal reaches
+the kernel: zero and scale come in as arguments of the data's dtype).
+"""
+import numpy as np
+from numba import cuda
+
+from ..registry import register
+from ._memory import empty, launch_config, stream, to_host
+from .copy import contiguous, describe, read_only, size_of
+from .index import on_device
+
+_FLOATS = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+
+# Philox-4x32 constants (Random123): round multipliers and Weyl key increments.
+_M0 = np.uint64(0xD2511F53)
+_M1 = np.uint64(0xCD9E8D57)
+_W0 = np.uint64(0x9E3779B9)
+_W1 = np.uint64(0xBB67AE85)
+_LO32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+_S8 = np.uint32(8)
+_TWO_M24 = np.float32(2.0 ** -24)
+ROUNDS = 10
+
+
+def _philox4x32(c0, c1, c2, c3, k0, k1):
+    """Philox-4x32-10 of counter (c0..c3) under key (k0, k1); all uint32.
+    32x32->64-bit products give the hi/lo halves (no mulhi intrinsic needed)."""
+    for _ in range(ROUNDS):
+        p0 = _M0 * np.uint64(c0)
+        p1 = _M1 * np.uint64(c2)
+        n0 = np.uint32((p1 >> _S32) ^ np.uint64(c1) ^ np.uint64(k0))
+        n1 = np.uint32(p1 & _LO32)
+        n2 = np.uint32((p0 >> _S32) ^ np.uint64(c3) ^ np.uint64(k1))
+        n3 = np.uint32(p0 & _LO32)
+        c0, c1, c2, c3 = n0, n1, n2, n3
+        k0 = np.uint32((np.uint64(k0) + _W0) & _LO32)
+        k1 = np.uint32((np.uint64(k1) + _W1) & _LO32)
+    return c0, c1, c2, c3
+
+
+# ------------------------------------------------------------------ kernel factories
+def _masked_scale(out, x, keep, scale, zero):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = x[i] * (scale if keep[i] else zero)
+
+
+def philox_kernel_function():
+    """``words(out, c0, c1, c2, c3, k0, k1)``: out[0:4] = Philox-4x32-10 (one thread)."""
+    philox = cuda.jit(device=True)(_philox4x32)
+
+    def philox_words(out, c0, c1, c2, c3, k0, k1):
+        if cuda.grid(1) == 0:
+            r0, r1, r2, r3 = philox(c0, c1, c2, c3, k0, k1)
+            out[0] = r0
+            out[1] = r1
+            out[2] = r2
+            out[3] = r3
+    return philox_words
+
+
+def dropout_kernel_function():
+    """The fused kernel: a fresh function with its own Philox device function
+    (``compile_ptx`` takes it as it is; ``_jit`` caches one jitted copy)."""
+    philox = cuda.jit(device=True)(_philox4x32)
+
+    def dropout_philox(out, keep, x, n, p, scale, zero, k0, k1, off0, off1):
+        """One thread per group of 4 elements: one Philox call gives 4 words."""
+        for g in range(cuda.grid(1), (n + 3) // 4, cuda.gridsize(1)):
+            r0, r1, r2, r3 = philox(np.uint32(g & 0xFFFFFFFF), np.uint32(g >> 32),
+                                    off0, off1, k0, k1)
+            for lane in range(4):
+                e = 4 * g + lane
+                if e < n:
+                    r = r0 if lane == 0 else (r1 if lane == 1 else (r2 if lane == 2 else r3))
+                    u = np.float32(r >> _S8) * _TWO_M24
+                    k = u >= p
+                    keep[e] = k
+                    out[e] = x[e] * (scale if k else zero)
+    return dropout_philox
+
+
+KERNEL_FACTORIES = {"masked_scale": lambda: _masked_scale,
+                    "philox_words": philox_kernel_function,
+                    "dropout_philox": dropout_kernel_function}
+_jitted = {}
+
+
+def _jit(name):
+    k = _jitted.get(name)
+    if k is None:
+        k = _jitted[name] = cuda.jit(KERNEL_FACTORIES[name]())
+    return k
+
+
+def _check_float(x, op):
+    dtype = describe(x)[2]
+    if dtype not in _FLOATS:
+        raise TypeError(f"{op}: expected a floating point array (float16, float32, float64), "
+                        f"got {dtype}")
+    return dtype
+
+
+def _split64(v, what):
+    v = int(v)
+    if not 0 <= v < 1 << 64:
+        raise ValueError(f"dropout_philox: {what} must be in [0, 2**64), got {v}")
+    return np.uint32(v & 0xFFFFFFFF), np.uint32(v >> 32)
+
+
+# ------------------------------------------------------------------ kernels
+@register("dropout", "cuda")
+def dropout(x, keep, scale):
+    """x * keep * scale; x and keep (bool, host or device) have the same shape."""
+    dtype = _check_float(x, "dropout")
+    shape = tuple(describe(x)[0])
+    if tuple(describe(keep)[0]) != shape:
+        raise ValueError(f"dropout: keep mask of shape {tuple(describe(keep)[0])} does not "
+                         f"match x of shape {shape}")
+    out = empty(shape, dtype, x)
+    if size_of(out):
+        xc = contiguous(x).reshape(-1)
+        kc = contiguous(on_device(keep, x), np.bool_).reshape(-1)
+        blocks, threads = launch_config(size_of(out))
+        _jit("masked_scale")[blocks, threads, stream()](
+            out.reshape(-1), read_only(xc), read_only(kc), dtype.type(scale), dtype.type(0))
+    return out
+
+
+def dropout_philox(x, p, seed, offset=0, *, launch=None):
+    """(x * keep / (1 - p), keep) with ``keep`` drawn on the device from
+    Philox-4x32-10 at (seed, offset) (see the module docstring).  ``launch``
+    overrides (blocks, threads); the mask does not depend on it."""
+    dtype = _check_float(x, "dropout_philox")
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout_philox: probability has to be between 0 and 1, but got {p}")
+    shape = tuple(describe(x)[0])
+    out = empty(shape, dtype, x)
+    keep = empty(shape, np.bool_, x)
+    n = size_of(out)
+    if n == 0:
+        return out, keep
+    k0, k1 = _split64(seed, "seed")
+    o0, o1 = _split64(offset, "offset")
+    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)   # p == 1 drops all: u < 1 always
+    blocks, threads = launch_config(-(-n // 4)) if launch is None else launch
+    xc = contiguous(x).reshape(-1)
+    _jit("dropout_philox")[blocks, threads, stream()](
+        out.reshape(-1), keep.reshape(-1), read_only(xc), n, np.float32(p), dtype.type(scale),
+        dtype.type(0), k0, k1, o0, o1)
+    return out, keep
+
+
+def philox4x32(counter, key, like=None):
+    """Philox-4x32-10 of four uint32 counter words under two key words, computed
+    by the device function the dropout kernel uses (for known-answer tests)."""
+    from ._memory import zeros
+    out = zeros(4, np.uint32, like)
+    c = [np.uint32(v) for v in counter]
+    k = [np.uint32(v) for v in key]
+    _jit("philox_words")[1, 32, stream()](out, *c, *k)
+    return [int(v) for v in to_host(out)]
