@@ -1,0 +1,539 @@
+"""Softmax and log-softmax row kernels (numba.cuda), forward and fused backward,
+and the block-reduction building blocks every row kernel shares.
+
+Like the CPU module, an input is viewed as (outer, n, inner) around the
+softmax dim:
+
+* ``inner == 1`` (the usual case, softmax over the last dim): one block per
+  row, its threads striding over the row.  Each thread keeps an *online*
+  running (max, sum of exp(x - max)) pair, the pairs are merged across the
+  block with warp shuffles and shared memory, and a second pass writes the
+  output.  So x is read twice instead of three times (max, sum, write).
+* ``inner > 1`` with many columns: one thread per (outer, inner) column walks
+  the n elements of its column; neighbouring threads read neighbouring
+  memory, so the loads stay coalesced and no copy is made.
+* ``inner > 1`` with few columns (too few threads to fill a GPU): the input
+  is copied to (outer, inner, n) by the strided copy kernel, the row kernel
+  runs, and the result is copied back transposed.
+
+Block reductions (``device_helpers``): each warp reduces with
+``shfl_down_sync``, lane 0 of every warp leaves its value in shared memory,
+the first warp's worth of slots is reduced again by every warp and lane 0's
+result is broadcast with ``shfl_sync``.  Blocks are always a multiple of 32
+threads.  numba's CUDA simulator (numba-cuda 0.30) has no warp shuffles, so
+under ``NUMBA_ENABLE_CUDASIM=1`` the two shuffle primitives are Python
+functions exchanging values through the simulated block (every reduction
+calls them with all threads of the block, so a block barrier stands in for
+the warp's); the kernel code around them is the same.
+
+Accumulation is in the data's dtype: float32 for float32 (never float64 on a
+GPU: constants are typed float32 so nothing is promoted), float64 for float64.
+bfloat16/float16 tensors reach these kernels as float32 compute arrays.
+"""
+import math
+import threading
+
+import numpy as np
+from numba import cuda
+from numba import types as nbtypes
+
+from ..registry import register
+from . import elementwise as _ew
+from ._memory import array_module, empty, launch_config, simulated, stream, to_device
+
+FULL_MASK = 0xFFFFFFFF
+WARP = 32
+MAX_WARPS = 32                 # 1024 threads per block at most
+MAX_ROW_THREADS = 512          # threads per row block
+MAX_ROW_BLOCKS = 1 << 16       # rows beyond this many blocks are grid-strided
+# softmax over a non-last dim: the per-column kernel when it has this many
+# columns (threads) to run, else transpose + row kernel.  A module variable so
+# the simulator checks can exercise both paths on tiny shapes.
+COLUMN_KERNEL_MIN_COLUMNS = 2048
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+NUMBA_FLOAT = {np.dtype(np.float32): nbtypes.float32, np.dtype(np.float64): nbtypes.float64}
+
+
+# ------------------------------------------------------------------ checks and host helpers
+def check_float(a, op, what="x"):
+    """The dtype of float array ``a``, or a TypeError naming the op and argument."""
+    dtype = np.dtype(a.dtype)
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: CUDA kernel takes float32 or float64 {what}, got {dtype} "
+                        f"(float16/bfloat16 tensors are computed in float32 by the ops)")
+    return dtype
+
+
+def row_threads(n):
+    """Threads for a block that strides over ``n`` elements: one per element up
+    to MAX_ROW_THREADS, a multiple of 32 (the block reductions need whole warps)."""
+    return min(MAX_ROW_THREADS, max(WARP, -(-n // WARP) * WARP))
+
+
+def row_blocks(rows):
+    return max(1, min(rows, MAX_ROW_BLOCKS))
+
+
+def is_device_array(a):
+    return not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__")
+
+
+def as_input(a):
+    """A kernel argument that is only read.  The simulator copies NumPy arguments
+    back after a launch; ``cuda.In`` spares that (and read-only views)."""
+    return cuda.In(a) if isinstance(a, np.ndarray) else a
+
+
+def _c_contiguous(shape, strides, itemsize):
+    step = itemsize
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n != 1 and s != step:
+            return False
+        step *= n
+    return True
+
+
+def _copy_function():
+    def copy_strided(out, out_st, out_off, src, src_st, src_off, n, shape):
+        """out[i] = src[i] over a shape, both given as flat spans + element strides;
+        the assignment casts (int32 -> int64 targets, float64 -> float32 weights)."""
+        for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+            rem = i
+            po = out_off
+            ps = src_off
+            for d in range(len(shape) - 1, -1, -1):
+                q = rem // shape[d]
+                j = rem - q * shape[d]
+                rem = q
+                po += j * out_st[d]
+                ps += j * src_st[d]
+            out[po] = src[ps]
+    return copy_strided
+
+
+_copy_kernel = None
+
+
+def copy_into(out, src):
+    """Copy (and cast) ``src`` into ``out`` of the same shape; either may be any strided view."""
+    global _copy_kernel
+    out_shape, out_strides, out_dtype = _ew._describe(out)
+    src_shape, src_strides, src_dtype = _ew._describe(src)
+    if tuple(out_shape) != tuple(src_shape):
+        raise ValueError(f"copy: out has shape {tuple(out_shape)}, source {tuple(src_shape)}")
+    n = math.prod(out_shape)
+    if n == 0:
+        return out
+    out_view, out_off = _ew._span(out, out_shape, out_strides, out_dtype)
+    src_view, src_off = _ew._span(src, src_shape, src_strides, src_dtype)
+    strides = [_ew._element_strides(out_shape, out_strides, out_dtype, out_shape, "out"),
+               _ew._element_strides(src_shape, src_strides, src_dtype, out_shape, "source")]
+    shape, (out_st, src_st) = _ew._coalesce(list(out_shape), strides)
+    if not shape:                                   # one element
+        shape, out_st, src_st = (1,), (0,), (0,)
+    if _copy_kernel is None:
+        _copy_kernel = cuda.jit(_copy_function())
+    blocks, threads = launch_config(n)
+    _copy_kernel[blocks, threads, stream()](out_view, out_st, out_off, as_input(src_view),
+                                             src_st, src_off, n, shape)
+    return out
+
+
+def contiguous(a, dtype=None):
+    """``a`` as a C-contiguous device array of ``dtype`` (no copy when it already is)."""
+    shape, strides, dt = _ew._describe(a)
+    dtype = dt if dtype is None else np.dtype(dtype)
+    if dtype == dt and _c_contiguous(shape, strides, dt.itemsize):
+        return a
+    return copy_into(empty(tuple(shape), dtype, a), a)
+
+
+def table(a, dtype, like):
+    """A small parameter array (targets, class weights, statistics) next to
+    ``like``, contiguous and of ``dtype``; a host NumPy array is copied over."""
+    if isinstance(a, np.ndarray) and array_module(like) is not np:
+        return to_device(np.ascontiguousarray(a, dtype), like)
+    if not isinstance(a, np.ndarray) and not is_device_array(a):
+        a = np.asarray(a, dtype)                      # a list or a number
+    return contiguous(a, dtype)
+
+
+# ------------------------------------------------------------------ warp shuffles
+def _simulated_shuffles():
+    """shfl_down / shfl_idx for numba's simulator, which has no warp shuffles.
+
+    The 32 simulated threads of a warp leave their values in a table, meet at
+    a ``threading.Barrier`` of the warp, read their source lane's value and
+    meet again before the table is reused.  Valid because every reduction
+    calls the shuffles with all threads of the block.  (The simulator's own
+    ``syncthreads`` would do too, but it polls and is ~10x slower.)"""
+    lock = threading.Lock()
+
+    def exchange(value, src_lane):
+        me = threading.current_thread()
+        tid = me.thread_id
+        key = (tuple(me.blockIdx), tid // WARP)
+        warps = me._manager.__dict__.setdefault("_pyflow_warps", {})
+        entry = warps.get(key)
+        if entry is None:
+            with lock:
+                entry = warps.setdefault(key, (threading.Barrier(WARP), {}))
+        barrier, slots = entry
+        slots[tid % WARP] = value
+        barrier.wait(timeout=120)
+        result = slots[src_lane] if 0 <= src_lane < WARP else value
+        barrier.wait(timeout=120)
+        return result
+
+    def shfl_down(value, delta):
+        return exchange(value, threading.current_thread().thread_id % WARP + delta)
+
+    def shfl_idx(value, lane):
+        return exchange(value, lane)
+    return shfl_down, shfl_idx
+
+
+def _shuffles():
+    if simulated():
+        return _simulated_shuffles()
+
+    def shfl_down(value, delta):
+        return cuda.shfl_down_sync(FULL_MASK, value, delta)
+
+    def shfl_idx(value, lane):
+        return cuda.shfl_sync(FULL_MASK, value, lane)
+    dev = cuda.jit(device=True, inline=True)
+    return dev(shfl_down), dev(shfl_idx)
+
+
+# ------------------------------------------------------------------ block reductions
+def device_helpers(acc):
+    """Fresh ``@cuda.jit(device=True)`` block reductions accumulating in ``acc``
+    (np.float32 or np.float64).  Each takes the caller's shared arrays of
+    MAX_WARPS slots and ends with a barrier, so they can be called back to back.
+    Returns a dict: warp_sum, block_sum, block_max_sum, block_welford, safe_log."""
+    zero, neg_inf, nan = acc(0), acc(-np.inf), acc(np.nan)
+    shfl_down, shfl_idx = _shuffles()
+    dev = cuda.jit(device=True)
+
+    def safe_log(s):
+        """log of a sum of exps, s >= 0 or NaN: log(0) = -inf (the simulator's
+        Python math.log would raise)."""
+        if s > zero:
+            return math.log(s)
+        return neg_inf if s == zero else nan
+
+    def warp_sum(v):
+        off = WARP // 2
+        while off > 0:
+            v += shfl_down(v, off)
+            off //= 2
+        return v
+
+    def block_sum(v, sh):
+        """Sum of ``v`` over the block, returned to every thread."""
+        lane = cuda.threadIdx.x % WARP
+        warp = cuda.threadIdx.x // WARP
+        v = warp_sum(v)
+        if lane == 0:
+            sh[warp] = v
+        cuda.syncthreads()
+        v = sh[lane] if lane < (cuda.blockDim.x + WARP - 1) // WARP else zero
+        v = shfl_idx(warp_sum(v), 0)
+        cuda.syncthreads()
+        return v
+
+    def merge_max_sum(m1, s1, m2, s2):
+        """Two (max, sum of exp(x - max)) pairs as one.  (-inf, 0) is the empty
+        pair; NaN in a sum propagates."""
+        if m2 > m1:
+            m1, s1, m2, s2 = m2, s2, m1, s1
+        if m1 == neg_inf:
+            return m1, s1 + s2
+        return m1, s1 + s2 * math.exp(m2 - m1)
+
+    def warp_max_sum(m, s):
+        off = WARP // 2
+        while off > 0:
+            m2 = shfl_down(m, off)
+            s2 = shfl_down(s, off)
+            m, s = merge_max_sum(m, s, m2, s2)
+            off //= 2
+        return m, s
+
+    def block_max_sum(m, s, shm, shs):
+        lane = cuda.threadIdx.x % WARP
+        warp = cuda.threadIdx.x // WARP
+        m, s = warp_max_sum(m, s)
+        if lane == 0:
+            shm[warp] = m
+            shs[warp] = s
+        cuda.syncthreads()
+        if lane < (cuda.blockDim.x + WARP - 1) // WARP:
+            m = shm[lane]
+            s = shs[lane]
+        else:
+            m = neg_inf
+            s = zero
+        m, s = warp_max_sum(m, s)
+        m = shfl_idx(m, 0)
+        s = shfl_idx(s, 0)
+        cuda.syncthreads()
+        return m, s
+
+    def merge_welford(c1, m1, q1, c2, m2, q2):
+        """Chan et al.: two (count, mean, sum of squared deviations) as one."""
+        c = c1 + c2
+        if c == zero:
+            return c, m1, q1
+        d = m2 - m1
+        f = c2 / c
+        return c, m1 + d * f, q1 + q2 + d * d * c1 * f
+
+    def warp_welford(c, m, q):
+        off = WARP // 2
+        while off > 0:
+            c2 = shfl_down(c, off)
+            m2 = shfl_down(m, off)
+            q2 = shfl_down(q, off)
+            c, m, q = merge_welford(c, m, q, c2, m2, q2)
+            off //= 2
+        return c, m, q
+
+    def block_welford(c, m, q, shc, shm, shq):
+        lane = cuda.threadIdx.x % WARP
+        warp = cuda.threadIdx.x // WARP
+        c, m, q = warp_welford(c, m, q)
+        if lane == 0:
+            shc[warp] = c
+            shm[warp] = m
+            shq[warp] = q
+        cuda.syncthreads()
+        if lane < (cuda.blockDim.x + WARP - 1) // WARP:
+            c = shc[lane]
+            m = shm[lane]
+            q = shq[lane]
+        else:
+            c = zero
+            m = zero
+            q = zero
+        c, m, q = warp_welford(c, m, q)
+        c = shfl_idx(c, 0)
+        m = shfl_idx(m, 0)
+        q = shfl_idx(q, 0)
+        cuda.syncthreads()
+        return c, m, q
+
+    warp_sum = dev(warp_sum)
+    merge_max_sum = dev(merge_max_sum)
+    warp_max_sum = dev(warp_max_sum)
+    merge_welford = dev(merge_welford)
+    warp_welford = dev(warp_welford)
+    return {"warp_sum": warp_sum, "block_sum": dev(block_sum),
+            "block_max_sum": dev(block_max_sum), "block_welford": dev(block_welford),
+            "safe_log": dev(safe_log)}
+
+
+# ------------------------------------------------------------------ kernel functions
+def _softmax_rows(dtype, log):
+    """One block per row of x (rows, n): online max/sum, merge, write."""
+    acc, nb = dtype.type, NUMBA_FLOAT[dtype]
+    zero, one, neg_inf = acc(0), acc(1), acc(-np.inf)
+    helpers = device_helpers(acc)
+    block_max_sum, safe_log = helpers["block_max_sum"], helpers["safe_log"]
+
+    def softmax_rows(x, out):
+        shm = cuda.shared.array(MAX_WARPS, nb)
+        shs = cuda.shared.array(MAX_WARPS, nb)
+        rows, n = x.shape
+        tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+        for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            m, s = neg_inf, zero
+            for j in range(tid, n, nt):
+                v = x[r, j]
+                if v > m:
+                    s = s * math.exp(m - v) + one
+                    m = v
+                elif m != neg_inf or v != v:   # -inf adds nothing; NaN poisons the sum
+                    s += math.exp(v - m)
+            m, s = block_max_sum(m, s, shm, shs)
+            if log:
+                log_s = safe_log(s)
+                for j in range(tid, n, nt):
+                    out[r, j] = (x[r, j] - m) - log_s
+            else:
+                inv = one / s
+                for j in range(tid, n, nt):
+                    out[r, j] = math.exp(x[r, j] - m) * inv
+    softmax_rows.__name__ = f"{'log_' if log else ''}softmax_rows_{dtype.name}"
+    return softmax_rows
+
+
+def _softmax_cols(dtype, log):
+    """One thread per column of x (outer, n, inner)."""
+    acc = dtype.type
+    zero, one, neg_inf = acc(0), acc(1), acc(-np.inf)
+    safe_log = device_helpers(acc)["safe_log"]
+
+    def softmax_cols(x, out):
+        outer, n, inner = x.shape
+        for col in range(cuda.grid(1), outer * inner, cuda.gridsize(1)):
+            o = col // inner
+            k = col - o * inner
+            m, s = neg_inf, zero
+            for j in range(n):
+                v = x[o, j, k]
+                if v > m:
+                    s = s * math.exp(m - v) + one
+                    m = v
+                elif m != neg_inf or v != v:
+                    s += math.exp(v - m)
+            if log:
+                log_s = safe_log(s)
+                for j in range(n):
+                    out[o, j, k] = (x[o, j, k] - m) - log_s
+            else:
+                inv = one / s
+                for j in range(n):
+                    out[o, j, k] = math.exp(x[o, j, k] - m) * inv
+    softmax_cols.__name__ = f"{'log_' if log else ''}softmax_cols_{dtype.name}"
+    return softmax_cols
+
+
+# softmax:     dx = y * (g - sum(g * y))
+# log_softmax: dx = g - exp(y) * sum(g)
+def _backward_rows(dtype, log):
+    acc, nb = dtype.type, NUMBA_FLOAT[dtype]
+    zero = acc(0)
+    block_sum = device_helpers(acc)["block_sum"]
+
+    def softmax_backward_rows(g, y, dx):
+        sh = cuda.shared.array(MAX_WARPS, nb)
+        rows, n = y.shape
+        tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+        for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            s = zero
+            for j in range(tid, n, nt):
+                s += g[r, j] if log else g[r, j] * y[r, j]
+            s = block_sum(s, sh)
+            for j in range(tid, n, nt):
+                if log:
+                    dx[r, j] = g[r, j] - math.exp(y[r, j]) * s
+                else:
+                    dx[r, j] = y[r, j] * (g[r, j] - s)
+    softmax_backward_rows.__name__ = f"{'log_' if log else ''}softmax_backward_rows_{dtype.name}"
+    return softmax_backward_rows
+
+
+def _backward_cols(dtype, log):
+    zero = dtype.type(0)
+
+    def softmax_backward_cols(g, y, dx):
+        outer, n, inner = y.shape
+        for col in range(cuda.grid(1), outer * inner, cuda.gridsize(1)):
+            o = col // inner
+            k = col - o * inner
+            s = zero
+            for j in range(n):
+                s += g[o, j, k] if log else g[o, j, k] * y[o, j, k]
+            for j in range(n):
+                if log:
+                    dx[o, j, k] = g[o, j, k] - math.exp(y[o, j, k]) * s
+                else:
+                    dx[o, j, k] = y[o, j, k] * (g[o, j, k] - s)
+    softmax_backward_cols.__name__ = f"{'log_' if log else ''}softmax_backward_cols_{dtype.name}"
+    return softmax_backward_cols
+
+
+# name -> (factory(dtype, log), ndim of the arrays, number of arrays)
+_FACTORIES = {"rows": (_softmax_rows, 2, 2), "cols": (_softmax_cols, 3, 2),
+              "backward_rows": (_backward_rows, 2, 3), "backward_cols": (_backward_cols, 3, 3)}
+
+
+def kernel_specs():
+    """Every kernel of this module as (label, fresh Python function, numba
+    signature), for compiling to PTX without a GPU."""
+    specs = [("copy_strided", _copy_function(),
+              (nbtypes.float32[::1], nbtypes.UniTuple(nbtypes.int64, 2), nbtypes.int64,
+               nbtypes.float64[::1], nbtypes.UniTuple(nbtypes.int64, 2), nbtypes.int64,
+               nbtypes.int64, nbtypes.UniTuple(nbtypes.int64, 2)))]
+    for kind, (factory, ndim, nargs) in _FACTORIES.items():
+        for dtype in FLOAT_DTYPES:
+            for log in (False, True):
+                arr = NUMBA_FLOAT[dtype][(slice(None),) * (ndim - 1) + (slice(None, None, 1),)]
+                specs.append((f"{kind} {dtype.name} log={log}", factory(dtype, log),
+                              (arr,) * nargs))
+    return specs
+
+
+_kernels = {}
+
+
+def _kernel(kind, dtype, log):
+    key = (kind, dtype, log)
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = cuda.jit(_FACTORIES[kind][0](dtype, log))
+    return k
+
+
+# ------------------------------------------------------------------ entry points
+def _split(shape, dim, op):
+    if not 0 <= dim < len(shape):
+        raise ValueError(f"{op}: dim must be in [0, {len(shape)}) for an array of shape "
+                         f"{tuple(shape)}, got {dim}")
+    return math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+
+
+def _run(op, arrays, dim, log, backward):
+    dtype = check_float(arrays[0], op, "g" if backward else "x")
+    shape = tuple(arrays[0].shape)
+    if backward:
+        a = arrays[1]
+        if tuple(a.shape) != shape or np.dtype(a.dtype) != dtype:
+            raise ValueError(f"{op}: y must match g ({shape}, {dtype}), got "
+                             f"{tuple(a.shape)}, {np.dtype(a.dtype)}")
+    outer, n, inner = _split(shape, dim, op)
+    out = empty(shape, dtype, arrays[0])
+    if out.size == 0:
+        return out
+    prefix = "backward_" if backward else ""
+    arrays = [contiguous(a) for a in arrays]
+    if inner == 1:
+        ins = [as_input(a.reshape(outer, n)) for a in arrays]
+        _kernel(prefix + "rows", dtype, log)[row_blocks(outer), row_threads(n), stream()](
+            *ins, out.reshape(outer, n))
+    elif outer * inner >= COLUMN_KERNEL_MIN_COLUMNS:
+        ins = [as_input(a.reshape(outer, n, inner)) for a in arrays]
+        blocks, threads = launch_config(outer * inner)
+        _kernel(prefix + "cols", dtype, log)[blocks, threads, stream()](
+            *ins, out.reshape(outer, n, inner))
+    else:   # few long columns: make them rows, run the row kernel, transpose back
+        rows = [contiguous(a.reshape(outer, n, inner).transpose(0, 2, 1)) for a in arrays]
+        tmp = empty((outer, inner, n), dtype, out)
+        _kernel(prefix + "rows", dtype, log)[row_blocks(outer * inner), row_threads(n),
+                                             stream()](
+            *[as_input(a.reshape(outer * inner, n)) for a in rows], tmp.reshape(outer * inner, n))
+        copy_into(out.reshape(outer, n, inner).transpose(0, 2, 1), tmp)
+    return out
+
+
+@register("softmax", "cuda")
+def softmax(x, dim):
+    return _run("softmax", [x], dim, False, False)
+
+
+@register("log_softmax", "cuda")
+def log_softmax(x, dim):
+    return _run("log_softmax", [x], dim, True, False)
+
+
+@register("softmax_backward", "cuda")
+def softmax_backward(g, y, dim):
+    return _run("softmax_backward", [g, y], dim, False, True)
+
+
+@register("log_softmax_backward", "cuda")
+def log_softmax_backward(g, y, dim):
+    return _run("log_softmax_backward", [g, y], dim, True, True)
