@@ -37,7 +37,7 @@ from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .random import Generator, get_rng_state, initial_seed, manual_seed, seed, set_rng_state
 from .ops import *  # noqa: F401,F403
 from . import ops
-from . import cuda, nn, optim, utils
+from . import backends, cuda, nn, optim, utils
 from .utils.serialization import load, save
 
 __version__ = "0.1.0"

@@ -1,0 +1,404 @@
+"""GEMM on the GPU: a tiled numba.cuda kernel (and cuBLAS through CuPy on request).
+
+The kernel (``gemm_function``) is the classic shared-memory SGEMM:
+
+* a thread block computes one ``BM x BN`` tile of C.  It walks K in steps of
+  ``BK``: the block's threads copy the ``BM x BK`` slice of A and the
+  ``BK x BN`` slice of B into shared memory (zeros past the matrix edges, so
+  any M, N, K works), synchronise, and every thread multiplies from shared
+  memory into its own ``TM x TN`` register block (``cuda.local.array``);
+* shared tiles are stored k-major with rows padded by 4 words, so storing a
+  k-contiguous operand (row-major A, ``linear``'s transposed weight) hits
+  distinct banks;
+* a thread's outputs are interleaved (rows ``ty + i*BM/TM``, columns
+  ``tx + j*BN/TN``): neighbouring threads read neighbouring shared-memory words
+  (no bank conflicts) and write neighbouring words of C (coalesced stores);
+* every operand is "a 1-D span + element strides": A's element (m, k) is
+  ``a[off + m*rs + k*cs + batch offset]``.  Transposed views are just other
+  strides (no copy); which of A's/B's dims is the unit-stride one only picks
+  how threads map onto a tile while loading, so global loads stay coalesced
+  (a compile-time flag per operand);
+* batches run along grid z; each batch index is unravelled over the
+  (coalesced) batch shape and dotted with each operand's batch strides, 0 on
+  broadcast dims, so NumPy's batch broadcasting costs no copy;
+* an optional epilogue operand D (same span + strides form) is added before
+  the store: ``linear``'s bias (strides (0, 1)) and conv2d's bias (strides
+  (1, 0)) are fused into the GEMM;
+* accumulation is in float32 for float16/float32, float64 for float64,
+  int64 for integers.
+
+Tile sizes are parameters (``Tile``): production uses 128x128x8 with 8x8
+outputs per thread for big products and 64x64x16 with 4x4 for small ones
+(more blocks to fill the GPU); the simulator, which runs one OS thread per
+CUDA thread, uses 16x16x8 with 4x4 (16 threads).  Kernels are compiled lazily
+per (dtype, tile, load layouts, bias) and cached.  Row tiles run along grid x,
+column tiles along grid y (at most 65535 of them: beyond that the launch
+computes C^T = B^T A^T, i.e. swaps operands and strides).
+
+``pyflow.backends.cuda.matmul = "cublas"`` routes ``matmul`` and ``linear``
+to ``cupy.matmul`` (cuBLAS) on a real GPU; under the simulator it raises.
+"""
+from collections import namedtuple
+
+import numpy as np
+from numba import cuda
+from numba import types as nbtypes
+
+from ...backends import cuda as _settings
+from ..registry import register
+from ._memory import empty, launch_config, simulated, stream
+from .elementwise import _coalesce, _describe, _element_strides, _span
+
+Tile = namedtuple("Tile", "BM BN BK TM TN")
+LARGE_TILE = Tile(128, 128, 8, 8, 8)      # 256 threads, 64 outputs each
+SMALL_TILE = Tile(64, 64, 16, 4, 4)       # 256 threads, 16 outputs each
+SIM_TILE = Tile(16, 16, 8, 4, 4)          # 16 threads: cheap in the simulator
+MAX_GRID_Y = MAX_GRID_Z = 65535      # row tiles go along grid x (2^31 - 1 blocks)
+
+_ACC = {np.dtype(np.float16): np.float32, np.dtype(np.float32): np.float32,
+        np.dtype(np.float64): np.float64, np.dtype(np.int32): np.int64,
+        np.dtype(np.int64): np.int64}
+DTYPES = tuple(_ACC)
+_NUMBA = {np.dtype(np.float16): nbtypes.float16, np.dtype(np.float32): nbtypes.float32,
+          np.dtype(np.float64): nbtypes.float64, np.dtype(np.int32): nbtypes.int32,
+          np.dtype(np.int64): nbtypes.int64}
+
+
+def check_tile(tile):
+    tile = Tile(*tile)
+    if tile.BM % tile.TM or tile.BN % tile.TN:
+        raise ValueError(f"tile {tile}: BM must be a multiple of TM and BN of TN")
+    threads = (tile.BM // tile.TM) * (tile.BN // tile.TN)
+    if threads > 1024:
+        raise ValueError(f"tile {tile} needs {threads} threads per block (at most 1024)")
+    return tile
+
+
+# ------------------------------------------------------------------ the kernel
+def gemm_function(dtype, tile, a_k_contiguous=True, b_n_contiguous=True, has_bias=False):
+    """The plain Python GEMM kernel (not yet ``cuda.jit``-ed) for ``dtype`` and ``tile``.
+
+    Arguments of the kernel (``lay`` = element offset, row stride, column
+    stride, then one stride per batch dim)::
+
+        gemm(c, c_lay, a, a_lay, b, b_lay, d, d_lay, M, N, K, batch_shape)
+
+    computes ``C[z] = A[z] @ B[z] (+ D[z])`` for every batch index z.
+    """
+    BM, BN, BK, TM, TN = check_tile(tile)
+    TX, TY = BN // TN, BM // TM              # threads along a row / a column of the tile
+    THREADS = TX * TY
+    # Tiles are stored k-major; a row padded by 4 words moves consecutive k of one
+    # row (how a k-contiguous operand is loaded) to different banks.
+    A_ROW, B_ROW = BM + 4, BN + 4
+    acc_t = _ACC[np.dtype(dtype)]
+    A_K_CONTIG, B_N_CONTIG, HAS_BIAS = bool(a_k_contiguous), bool(b_n_contiguous), bool(has_bias)
+
+    def gemm(c, c_lay, a, a_lay, b, b_lay, d, d_lay, M, N, K, batch_shape):
+        As = cuda.shared.array((BK, A_ROW), acc_t)
+        Bs = cuda.shared.array((BK, B_ROW), acc_t)
+        acc = cuda.local.array((TM, TN), acc_t)
+        a_reg = cuda.local.array(TM, acc_t)
+        b_reg = cuda.local.array(TN, acc_t)
+        tid = cuda.threadIdx.x
+        tx = tid % TX
+        ty = tid // TX
+        m0 = cuda.blockIdx.x * BM
+        n0 = cuda.blockIdx.y * BN
+        n_batch = 1
+        for s in batch_shape:
+            n_batch *= s
+        for z in range(cuda.blockIdx.z, n_batch, cuda.gridDim.z):
+            pa = a_lay[0]
+            pb = b_lay[0]
+            pc = c_lay[0]
+            pd = d_lay[0]
+            rem = z
+            for t in range(len(batch_shape) - 1, -1, -1):
+                q = rem // batch_shape[t]
+                j = rem - q * batch_shape[t]
+                rem = q
+                pa += j * a_lay[3 + t]
+                pb += j * b_lay[3 + t]
+                pc += j * c_lay[3 + t]
+                pd += j * d_lay[3 + t]
+            for i in range(TM):
+                for j in range(TN):
+                    acc[i, j] = 0
+            for k0 in range(0, K, BK):
+                for e in range(tid, BM * BK, THREADS):     # A tile -> As[k, m]
+                    if A_K_CONTIG:
+                        mm = e // BK
+                        kk = e - mm * BK
+                    else:
+                        kk = e // BM
+                        mm = e - kk * BM
+                    gm = m0 + mm
+                    gk = k0 + kk
+                    if gm < M and gk < K:
+                        As[kk, mm] = a[pa + gm * a_lay[1] + gk * a_lay[2]]
+                    else:
+                        As[kk, mm] = 0
+                for e in range(tid, BK * BN, THREADS):     # B tile -> Bs[k, n]
+                    if B_N_CONTIG:
+                        kk = e // BN
+                        nn = e - kk * BN
+                    else:
+                        nn = e // BK
+                        kk = e - nn * BK
+                    gn = n0 + nn
+                    gk = k0 + kk
+                    if gn < N and gk < K:
+                        Bs[kk, nn] = b[pb + gk * b_lay[1] + gn * b_lay[2]]
+                    else:
+                        Bs[kk, nn] = 0
+                cuda.syncthreads()
+                for kk in range(BK):
+                    for i in range(TM):
+                        a_reg[i] = As[kk, ty + i * TY]
+                    for j in range(TN):
+                        b_reg[j] = Bs[kk, tx + j * TX]
+                    for i in range(TM):
+                        for j in range(TN):
+                            acc[i, j] += a_reg[i] * b_reg[j]
+                cuda.syncthreads()
+            for i in range(TM):                            # epilogue: (+ D), store
+                gm = m0 + ty + i * TY
+                if gm < M:
+                    for j in range(TN):
+                        gn = n0 + tx + j * TX
+                        if gn < N:
+                            v = acc[i, j]
+                            if HAS_BIAS:
+                                v += d[pd + gm * d_lay[1] + gn * d_lay[2]]
+                            c[pc + gm * c_lay[1] + gn * c_lay[2]] = v
+
+    gemm.__name__ = (f"gemm_{np.dtype(dtype).name}_{BM}x{BN}x{BK}_{TM}x{TN}"
+                     f"_{'k' if A_K_CONTIG else 'm'}{'n' if B_N_CONTIG else 'k'}"
+                     f"{'_bias' if HAS_BIAS else ''}")
+    return gemm
+
+
+def gemm_signature(dtype, batch_dims=1):
+    """numba argument types of the GEMM kernel with ``batch_dims`` batch dims."""
+    arr = _NUMBA[np.dtype(dtype)][::1]
+    lay = nbtypes.UniTuple(nbtypes.int64, 3 + batch_dims)
+    i64 = nbtypes.int64
+    return (arr, lay, arr, lay, arr, lay, arr, lay, i64, i64, i64,
+            nbtypes.UniTuple(i64, batch_dims))
+
+
+_kernels = {}
+
+
+def _gemm_kernel(dtype, tile, a_k_contiguous, b_n_contiguous, has_bias):
+    key = (np.dtype(dtype), tile, a_k_contiguous, b_n_contiguous, has_bias)
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = cuda.jit(gemm_function(*key))
+    return k
+
+
+# ------------------------------------------------------------------ host side
+_sm_count = None
+
+
+def _multiprocessors():
+    global _sm_count
+    if _sm_count is None:
+        try:
+            import cupy
+            _sm_count = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        except Exception:            # no CuPy/GPU: any plausible count will do
+            _sm_count = 108
+    return _sm_count
+
+
+def choose_tile(M, N, n_batch, dtype):
+    """Big tiles when they still give every multiprocessor a block, small ones otherwise."""
+    if simulated():
+        return SIM_TILE
+    if np.dtype(dtype) == np.float64:     # 64 float64 accumulators would spill registers
+        return SMALL_TILE
+    big = -(-M // LARGE_TILE.BM) * -(-N // LARGE_TILE.BN) * n_batch
+    return LARGE_TILE if big >= _multiprocessors() else SMALL_TILE
+
+
+def launch_gemm(c, c_lay, a, a_lay, b, b_lay, d, d_lay, M, N, K, batch_shape, dtype,
+                tile=None):
+    """Run the GEMM on operands given as 1-D spans + layouts (see ``gemm_function``).
+
+    ``d`` is None for no epilogue.  Layout tuples may carry any number of batch
+    strides, matching ``batch_shape``.
+    """
+    dtype = np.dtype(dtype)
+    batch_shape = tuple(int(s) for s in batch_shape) or (1,)
+    nb = len(batch_shape)
+    lays = []
+    for lay in (c_lay, a_lay, b_lay, d_lay):
+        lay = (0, 0, 0) + (0,) * nb if lay is None else tuple(int(v) for v in lay)
+        if len(lay) != 3 + nb:
+            raise ValueError(f"GEMM layout {lay} needs 3 + {nb} entries")
+        lays.append(lay)
+    c_lay, a_lay, b_lay, d_lay = lays
+    n_batch = int(np.prod(batch_shape))
+    if M == 0 or N == 0 or n_batch == 0:
+        return
+    tile = check_tile(tile) if tile is not None else choose_tile(M, N, n_batch, dtype)
+    if -(-N // tile.BN) > MAX_GRID_Y:
+        # column tiles go along grid y (at most 65535): compute C^T = B^T A^T instead,
+        # the same kernel with the operands and each layout's two strides swapped
+        def t(lay):
+            return (lay[0], lay[2], lay[1]) + lay[3:]
+        c_lay, a, a_lay, b, b_lay, d_lay = t(c_lay), b, t(b_lay), a, t(a_lay), t(d_lay)
+        M, N = N, M
+    has_bias = d is not None
+    # which dim of A / B is the unit-stride one decides how threads load tiles
+    a_k = a_lay[2] == 1 or a_lay[1] != 1
+    b_n = b_lay[2] == 1 or b_lay[1] != 1
+    if isinstance(c, np.ndarray):            # simulator: inputs are copied in only
+        a, b = cuda.In(a), cuda.In(b)
+        d = cuda.In(d) if has_bias else a
+    elif not has_bias:
+        d = a
+    threads = (tile.BM // tile.TM) * (tile.BN // tile.TN)
+    grid = (-(-M // tile.BM), -(-N // tile.BN), min(n_batch, MAX_GRID_Z))
+    _gemm_kernel(dtype, tile, a_k, b_n, has_bias)[grid, threads, stream()](
+        c, c_lay, a, a_lay, b, b_lay, d, d_lay, int(M), int(N), int(K), batch_shape)
+
+
+def _operand(x, full_shape, what):
+    """(1-D span, layout) of array ``x`` broadcast to ``full_shape`` = batch + (rows, cols)."""
+    shape, strides, dtype = _describe(x)
+    st = _element_strides(shape, strides, dtype, full_shape, what)
+    span, off = _span(x, shape, strides, dtype) if x.size else (x.reshape(-1), 0)
+    return span, off, st
+
+
+def gemm(a, b, bias=None, out=None, tile=None):
+    """(..., M, K) @ (..., K, N) (+ bias broadcast to (..., M, N)) with the numba kernel.
+
+    Batch dims broadcast as in NumPy; operands may have any strides (transposed,
+    sliced, expanded views).  Returns ``out`` (allocated C-contiguous if None).
+    """
+    dtype = _check_pair(a, b, "matmul")
+    if a.ndim < 2 or b.ndim < 2:
+        raise ValueError(f"gemm: operands must be at least 2-D, got shapes {tuple(a.shape)} "
+                         f"and {tuple(b.shape)}")
+    M, K = a.shape[-2:]
+    K2, N = b.shape[-2:]
+    if K != K2:
+        raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be "
+                         f"multiplied ({K} != {K2})")
+    try:
+        batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    except ValueError:
+        raise ValueError(f"matmul: batch dims of {tuple(a.shape)} and {tuple(b.shape)} do "
+                         f"not broadcast") from None
+    if out is None:
+        out = empty(batch + (M, N), dtype, a)
+    elif tuple(out.shape) != batch + (M, N) or out.dtype != dtype:
+        raise ValueError(f"matmul: out must be {batch + (M, N)} {dtype}, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    if out.size == 0:
+        return out
+    operands = [_operand(out, batch + (M, N), "out"), _operand(a, batch + (M, K), "a"),
+                _operand(b, batch + (K, N), "b")]
+    if bias is not None:
+        if bias.dtype != dtype:
+            raise TypeError(f"linear: bias must have dtype {dtype}, got {bias.dtype}")
+        operands.append(_operand(bias, batch + (M, N), "bias"))
+    nb = len(batch)
+    shape, batch_strides = _coalesce(list(batch), [st[:nb] for _, _, st in operands])
+    lays = [(off,) + tuple(st[nb:]) + bst
+            for (_, off, st), bst in zip(operands, batch_strides)]
+    if not shape:
+        shape, lays = (1,), [lay + (0,) for lay in lays]
+    spans = [span for span, _, _ in operands]
+    launch_gemm(spans[0], lays[0], spans[1], lays[1], spans[2], lays[2],
+                spans[3] if bias is not None else None,
+                lays[3] if bias is not None else None, M, N, K, shape, dtype, tile)
+    return out
+
+
+def _check_pair(a, b, op):
+    for name, x in (("a", a), ("b", b)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{op}: {name} must be a device array, got {type(x).__name__}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{op}: operands must share one dtype, got {a.dtype} and {b.dtype}")
+    if np.dtype(a.dtype) not in _ACC:
+        raise TypeError(f"{op}: no CUDA GEMM for dtype {a.dtype}; supported: "
+                        f"{[str(d) for d in DTYPES]}")
+    return np.dtype(a.dtype)
+
+
+def _use_cublas(op):
+    if _settings.matmul != "cublas":
+        return False
+    if simulated():
+        raise RuntimeError(f"{op}: pyflow.backends.cuda.matmul = 'cublas' needs a real GPU "
+                           f"(cuBLAS through CuPy); numba's CUDA simulator "
+                           f"(NUMBA_ENABLE_CUDASIM=1) has no cuBLAS. Set "
+                           f"pyflow.backends.cuda.matmul = 'numba' to use pyflow's own GEMM.")
+    return True
+
+
+def _add_rows_function():
+    def add_rows(c, d, n):
+        """c (contiguous, rows of n) += d (n,) on every row."""
+        for i in range(cuda.grid(1), c.size, cuda.gridsize(1)):
+            c[i] += d[i % n]
+    return add_rows
+
+
+_add_rows = None
+
+
+def _add_bias(out, bias):
+    global _add_rows
+    if _add_rows is None:
+        _add_rows = cuda.jit(_add_rows_function())
+    flat = out.reshape(-1)
+    blocks, threads = launch_config(flat.size)
+    _add_rows[blocks, threads, stream()](flat, bias, out.shape[-1])
+
+
+# ------------------------------------------------------------------ registered kernels
+@register("matmul", "cuda")
+def matmul(a, b):
+    """(..., n, k) @ (..., k, m) with NumPy's batch broadcasting; 1-D x 1-D is a dot."""
+    _check_pair(a, b, "matmul")
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"matmul: operands must be at least 1-D, got shapes "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    if _use_cublas("matmul"):
+        import cupy
+        return cupy.matmul(a, b)
+    a2 = a.reshape((1,) + a.shape) if a.ndim == 1 else a          # views, as NumPy does
+    b2 = b.reshape(b.shape + (1,)) if b.ndim == 1 else b
+    out = gemm(a2, b2)
+    if a.ndim == 1:
+        out = out.reshape(out.shape[:-2] + out.shape[-1:])
+    if b.ndim == 1:
+        out = out.reshape(out.shape[:-1])
+    return out
+
+
+@register("linear", "cuda")
+def linear(x, weight, bias):
+    """x (M, K) @ weight (N, K).T + bias (N,): one GEMM, the bias added in its epilogue."""
+    _check_pair(x, weight, "linear")
+    if x.ndim != 2 or weight.ndim != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"linear: expected x (M, K) and weight (N, K), got "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"linear: bias must have shape ({weight.shape[0]},), got "
+                         f"{tuple(bias.shape)}")
+    if _use_cublas("linear"):
+        import cupy
+        out = cupy.matmul(x, weight.T)
+        if bias is not None and out.size:
+            _add_bias(out, bias)
+        return out
+    return gemm(x, weight.T, bias)

@@ -1,0 +1,76 @@
+"""The CUDA GEMM, convolution and pooling kernels compile to PTX for sm_80 and sm_90.
+
+``numba.cuda.compile_ptx`` needs no GPU (NVVM comes with the numba-cuda[cu12]
+wheels), so this catches what the simulator never compiles: float16 loads
+into float32 accumulators, integer GEMMs, the production tile sizes (the
+simulator runs a 16-thread tile), shared/local array shapes from closures.
+"""
+import numpy as np
+import pytest
+from numba import types as nbtypes
+
+from pyflow.kernels.cuda import conv, linalg, pool
+from tests.kernels.cudatools import CCS, compile_ptx
+
+CC_IDS = [f"sm_{a}{b}" for a, b in CCS]
+
+
+def _gemm_specs():
+    """(dtype, tile, A's k contiguous, B's n contiguous, bias): production tiles, both
+    load layouts of each operand, with and without the epilogue."""
+    specs = []
+    for dtype in linalg.DTYPES:
+        tiles = (linalg.LARGE_TILE, linalg.SMALL_TILE) if dtype in (np.float16, np.float32) \
+            else (linalg.SMALL_TILE,)
+        for tile in tiles:
+            specs += [(dtype, tile, True, True, False), (dtype, tile, False, False, True)]
+    return specs
+
+
+@pytest.mark.parametrize("cc", CCS, ids=CC_IDS)
+@pytest.mark.parametrize("spec", _gemm_specs(),
+                         ids=lambda s: f"{s[0].name}-{s[1].BM}x{s[1].BN}-{int(s[2])}{int(s[3])}"
+                                       f"{'-bias' if s[4] else ''}")
+def test_gemm_compiles(spec, cc, monkeypatch):
+    dtype = spec[0]
+    ptx = compile_ptx(linalg.gemm_function(*spec), linalg.gemm_signature(dtype, 2), cc,
+                      monkeypatch)
+    assert "ld.shared" in ptx and "bar.sync" in ptx       # tiles go through shared memory
+
+
+def test_float32_gemm_stays_in_registers_and_float32(monkeypatch):
+    """The register block must not spill to local memory, nor the math widen to float64."""
+    for tile in (linalg.LARGE_TILE, linalg.SMALL_TILE):
+        ptx = compile_ptx(linalg.gemm_function(np.float32, tile, True, True, True),
+                          linalg.gemm_signature(np.float32, 1), (9, 0), monkeypatch)
+        assert ".local" not in ptx, f"{tile}: the accumulators spilled to local memory"
+        assert not [line for line in ptx.splitlines() if ".f64" in line]
+        # one multiply-add per output per k step, unrolled over the register block
+        assert ptx.count("fma.rn.f32") >= tile.TM * tile.TN
+
+
+@pytest.mark.parametrize("cc", CCS, ids=CC_IDS)
+@pytest.mark.parametrize("dtype", conv.DTYPES, ids=str)
+@pytest.mark.parametrize("module", [conv, pool], ids=["conv", "pool"])
+def test_conv_and_pool_kernels_compile(module, dtype, cc, monkeypatch):
+    kernels = module.signatures(dtype)
+    assert len(kernels) == 5
+    for name, (fn, signature) in kernels.items():
+        ptx = compile_ptx(fn, signature, cc, monkeypatch)
+        if dtype == np.float32:
+            f64 = [line for line in ptx.splitlines() if ".f64" in line]
+            assert not f64, f"{name}: float64 instructions in a float32 kernel: {f64[:3]}"
+
+
+@pytest.mark.parametrize("cc", CCS, ids=CC_IDS)
+def test_cublas_bias_kernel_compiles(cc, monkeypatch):
+    arr = nbtypes.float32[::1]
+    compile_ptx(linalg._add_rows_function(), (arr, arr, nbtypes.int64), cc, monkeypatch)
+
+
+def test_production_tiles_fit_a_block():
+    for tile in (linalg.LARGE_TILE, linalg.SMALL_TILE, linalg.SIM_TILE):
+        threads = (tile.BM // tile.TM) * (tile.BN // tile.TN)
+        assert threads <= 1024
+        shared = 2 * tile.BK * (max(tile.BM, tile.BN) + 4) * 8      # padded rows, float64
+        assert shared <= 48 * 1024
