@@ -9,6 +9,10 @@ both are generated from ``kernels/scalar.py``.
 import importlib
 import pkgutil
 
+from . import _simulator
+
+_simulator.install()   # warp shuffles for numba's simulator (a no-op on a GPU)
+
 
 def load_all():
     for info in pkgutil.iter_modules(__path__):

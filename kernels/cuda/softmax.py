@@ -20,18 +20,14 @@ Block reductions (``device_helpers``): each warp reduces with
 ``shfl_down_sync``, lane 0 of every warp leaves its value in shared memory,
 the first warp's worth of slots is reduced again by every warp and lane 0's
 result is broadcast with ``shfl_sync``.  Blocks are always a multiple of 32
-threads.  numba's CUDA simulator (numba-cuda 0.30) has no warp shuffles, so
-under ``NUMBA_ENABLE_CUDASIM=1`` the two shuffle primitives are Python
-functions exchanging values through the simulated block (every reduction
-calls them with all threads of the block, so a block barrier stands in for
-the warp's); the kernel code around them is the same.
+threads.  numba's CUDA simulator (numba-cuda 0.30) has no warp shuffles;
+``_simulator.py`` installs stand-ins, so the kernel code is the same.
 
 Accumulation is in the data's dtype: float32 for float32 (never float64 on a
 GPU: constants are typed float32 so nothing is promoted), float64 for float64.
 bfloat16/float16 tensors reach these kernels as float32 compute arrays.
 """
 import math
-import threading
 
 import numpy as np
 from numba import cuda
@@ -39,7 +35,7 @@ from numba import types as nbtypes
 
 from ..registry import register
 from . import elementwise as _ew
-from ._memory import array_module, empty, launch_config, simulated, stream, to_device
+from ._memory import array_module, empty, launch_config, stream, to_device
 
 FULL_MASK = 0xFFFFFFFF
 WARP = 32
@@ -160,44 +156,9 @@ def table(a, dtype, like):
 
 
 # ------------------------------------------------------------------ warp shuffles
-def _simulated_shuffles():
-    """shfl_down / shfl_idx for numba's simulator, which has no warp shuffles.
-
-    The 32 simulated threads of a warp leave their values in a table, meet at
-    a ``threading.Barrier`` of the warp, read their source lane's value and
-    meet again before the table is reused.  Valid because every reduction
-    calls the shuffles with all threads of the block.  (The simulator's own
-    ``syncthreads`` would do too, but it polls and is ~10x slower.)"""
-    lock = threading.Lock()
-
-    def exchange(value, src_lane):
-        me = threading.current_thread()
-        tid = me.thread_id
-        key = (tuple(me.blockIdx), tid // WARP)
-        warps = me._manager.__dict__.setdefault("_pyflow_warps", {})
-        entry = warps.get(key)
-        if entry is None:
-            with lock:
-                entry = warps.setdefault(key, (threading.Barrier(WARP), {}))
-        barrier, slots = entry
-        slots[tid % WARP] = value
-        barrier.wait(timeout=120)
-        result = slots[src_lane] if 0 <= src_lane < WARP else value
-        barrier.wait(timeout=120)
-        return result
-
-    def shfl_down(value, delta):
-        return exchange(value, threading.current_thread().thread_id % WARP + delta)
-
-    def shfl_idx(value, lane):
-        return exchange(value, lane)
-    return shfl_down, shfl_idx
-
-
 def _shuffles():
-    if simulated():
-        return _simulated_shuffles()
-
+    """Warp shuffles as inlined device functions (the simulator gets its stand-ins
+    from ``_simulator.py``)."""
     def shfl_down(value, delta):
         return cuda.shfl_down_sync(FULL_MASK, value, delta)
 
