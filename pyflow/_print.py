@@ -110,7 +110,7 @@ def _add_suffixes(text, suffixes, indent):
 
 
 def format_tensor(t):
-    arr = np.asarray(t._compute()).reshape(t._data.shape)  # (bf16 cast may drop a 0-d shape)
+    arr = np.asarray(t._host()).reshape(t._data.shape)  # (bf16 cast may drop a 0-d shape)
     prefix = "tensor("
     indent = len(prefix)
     suffixes = []

@@ -1,8 +1,5 @@
-"""Devices.  ``cpu`` keeps tensors in NumPy arrays.
-
-The ``cuda`` device type is parsed and validated here; moving data to it
-raises a clear error until its backend exists (see ``pyflow.cuda``).
-"""
+"""Devices.  ``cpu`` keeps tensors in NumPy arrays; ``cuda`` in CuPy arrays on a
+GPU, or in NumPy arrays under numba's CUDA simulator (see ``pyflow.cuda``)."""
 __all__ = ["device"]
 
 _TYPES = ("cpu", "cuda")
@@ -59,10 +56,22 @@ def as_device(d, argname="device"):
         raise type(e)(f"{argname}: {e}") from None
 
 
+def placed(d):
+    """The device a tensor lives on: ``cuda`` means the current CUDA device, ``cuda:0``."""
+    if d.type == "cuda" and d.index is None:
+        from . import cuda
+        return device("cuda", cuda.current_device())
+    return d
+
+
 def check_available(d):
     """Raise a clear error when data cannot be placed on device ``d``."""
     if d.type == "cpu":
         return
-    raise RuntimeError(
-        "device 'cuda': pyflow's CUDA backend is not available in this build yet "
-        "(it arrives with the numba.cuda kernels); use device='cpu'.")
+    from . import cuda
+    reason = cuda.unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"device '{d}' is not available: {reason}")
+    if (d.index or 0) >= cuda.device_count():
+        raise RuntimeError(f"device '{d}': invalid device index, {cuda.device_count()} CUDA "
+                           f"device(s) available")

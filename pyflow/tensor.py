@@ -152,19 +152,27 @@ class Tensor:
 
     # ------------------------------------------------------------- data access
     def _compute(self):
-        """The data as an array of ``dtype.compute`` (float32 for half types)."""
+        """The data as an array of ``dtype.compute`` (float32 for half types), on
+        the tensor's device."""
         d = self.dtype
         if d.storage is d.compute:
             return self._data
         return self._as_float32()
 
     def _as_float32(self):
-        if self.dtype is _dt.bfloat16:
-            from pyflow.kernels.cpu.cast import bfloat16_to_float32
-            return bfloat16_to_float32(self._data)
-        return self._data.astype(np.float32)
+        from pyflow.kernels.registry import get
+        return get("cast", self.device.type)(self._data, self.dtype, _dt.float32)
+
+    def _host(self):
+        """``_compute()`` as a host NumPy array (a copy for device tensors)."""
+        if self.device.type == "cpu":
+            return self._compute()
+        return self.to("cpu")._compute()
 
     def numpy(self, force=False):
+        if self.device.type != "cpu":
+            raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
+                            f"Tensor.cpu() to copy the tensor to host memory first.")
         if self.requires_grad and not force:
             raise RuntimeError("Can't call numpy() on a Tensor that requires grad. "
                                "Use tensor.detach().numpy() instead.")
@@ -173,18 +181,19 @@ class Tensor:
         return self._data
 
     def __array__(self, dtype=None, copy=None):
-        a = self._as_float32() if self.dtype is _dt.bfloat16 else self._data
+        a = self._host() if self.dtype is _dt.bfloat16 or self.device.type != "cpu" \
+            else self._data
         return a if dtype is None else a.astype(dtype)
 
     def item(self):
         if self._data.size != 1:
             raise RuntimeError(f"a Tensor with {self._data.size} elements cannot be converted "
                                f"to Scalar (item() needs exactly one element)")
-        v = self._compute().reshape(-1)[0]
+        v = self._host().reshape(-1)[0]
         return v.item()
 
     def tolist(self):
-        return self._compute().tolist()
+        return self._host().tolist()
 
     def __len__(self):
         if self._data.ndim == 0:
@@ -284,14 +293,15 @@ class Tensor:
         dtype, device = parse_to_args(args, dtype, device)
         from . import ops
         out = self
-        if device is not None:
-            dev = as_device(device)
-            if dev != self.device:
-                check_available(dev)
         if dtype is not None:
             dtype = _dt.as_dtype(dtype)
             if dtype is not self.dtype:
                 out = ops.cast(out, dtype)
+        if device is not None:
+            dev = as_device(device)
+            if dev != self.device:
+                check_available(dev)
+                out = ops.to_device(out, dev)
         if copy and out is self:
             out = ops.clone(self)
         return out
@@ -313,7 +323,7 @@ class Tensor:
     def bool(self): return self.to(_dt.bool)
 
     def cpu(self):
-        return self
+        return self.to("cpu")
 
     def cuda(self, device=None):
         return self.to("cuda" if device is None else as_device(device))

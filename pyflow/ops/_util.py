@@ -14,7 +14,9 @@ kernel = registry.get
 def wrap(arr, dtype, device=CPU):
     """A new tensor from a kernel's output array in ``dtype.compute`` (or storage)."""
     if arr.dtype != dtype.storage:
-        if dtype is _dt.bfloat16:
+        if device.type != "cpu":
+            arr = kernel("cast", device.type)(arr, _dt.from_numpy(arr.dtype), dtype)
+        elif dtype is _dt.bfloat16:
             from ..kernels.cpu.cast import float32_to_bfloat16
             arr = float32_to_bfloat16(arr)
         else:

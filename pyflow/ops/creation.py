@@ -5,10 +5,10 @@ import numbers
 import numpy as np
 
 from .. import dtypes as _dt
-from ..device import as_device, check_available
+from ..device import as_device, check_available, placed
 from ..random import generator_of
 from ..tensor import Tensor
-from ._util import shape_arg, wrap
+from ._util import kernel, shape_arg, wrap
 
 __all__ = ["tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange",
            "linspace", "eye", "rand", "randn", "randint", "randperm", "zeros_like", "ones_like",
@@ -16,11 +16,14 @@ __all__ = ["tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty"
 
 
 def _finish(arr, dtype, device, requires_grad):
+    """A tensor from host array ``arr`` (dtype.compute), placed on ``device``."""
     device = as_device(device)
     check_available(device)
-    t = wrap(arr, dtype, device)
+    t = wrap(arr, dtype)
     if t._data.shape != arr.shape:   # the bfloat16 cast can drop a 0-d shape (cast.py)
         t._data = t._data.reshape(arr.shape)
+    if device.type != "cpu":
+        t = Tensor._make(kernel("to_device", device.type)(t._data), dtype, placed(device))
     if requires_grad:
         t.requires_grad_(True)
     return t

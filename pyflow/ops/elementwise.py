@@ -68,7 +68,7 @@ def _elementwise(name, *xs):
                 res = kernel(name, dev.type)(*[x._data for x in xs])
             except ValueError:
                 _raise_not_broadcastable(name, xs)
-            if type(res) is not np.ndarray:
+            if not hasattr(res, "shape"):   # a NumPy scalar from a 0-d ufunc call
                 res = np.asarray(res)
             return Tensor._make(res, _dt.bool if kind in _BOOL_RESULT else dtype, dev)
     # Fast path: tensor (op) Python number, where the number does not change the dtype.
@@ -77,7 +77,7 @@ def _elementwise(name, *xs):
         if dtype.category == 2 and dtype.storage is dtype.compute and kind != "logical" \
                 or dtype.category == 1 and type(xs[1]) is int and kind == "arith":
             res = kernel(name, a.device.type)(a._data, dtype.compute.type(xs[1]))
-            if type(res) is not np.ndarray:
+            if not hasattr(res, "shape"):   # a NumPy scalar from a 0-d ufunc call
                 res = np.asarray(res)
             return Tensor._make(res, _dt.bool if kind in _BOOL_RESULT else dtype, a.device)
     return _elementwise_general(name, kind, xs)
@@ -105,7 +105,7 @@ def _elementwise_general(name, kind, xs):
     if kind == "select":
         args.insert(0, _operand(xs[0], _dt.bool, "condition", name))
     res = kernel(name, dev.type)(*args)
-    if not isinstance(res, np.ndarray):
+    if not hasattr(res, "shape"):
         res = np.asarray(res)
     return wrap(res, _dt.bool if kind in _BOOL_RESULT else dtype, dev)
 

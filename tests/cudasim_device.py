@@ -1,0 +1,113 @@
+"""The cuda device under numba's simulator (run by test_cuda_device.py in a child
+process with NUMBA_ENABLE_CUDASIM=1): transfers, dtypes, memory statistics,
+streams/events, and elementwise ops with autograd against the CPU."""
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+import pyflow as pf  # noqa: E402
+
+checks, failures = 0, []
+
+
+def check(name):
+    def deco(fn):
+        global checks
+        checks += 1
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 (report every failing check, not just the first)
+            failures.append(f"{name}:\n{traceback.format_exc()}")
+        return fn
+    return deco
+
+
+@check("availability")
+def _():
+    assert pf.cuda.is_available() and pf.cuda.device_count() == 1
+    assert pf.cuda.unavailable_reason() is None
+
+
+@check("round trip of every dtype")
+def _():
+    for dt in (pf.float32, pf.float64, pf.float16, pf.bfloat16, pf.int32, pf.int64, pf.bool):
+        host = pf.tensor([[1, 0, 3], [4, 5, 0]], dtype=dt)
+        dev = host.to("cuda")
+        assert dev.device == pf.device("cuda:0") and dev.dtype is dt and dev.is_cuda
+        back = dev.cpu()
+        assert back.device.type == "cpu" and back.dtype is dt
+        assert back.tolist() == host.tolist(), (dt, back.tolist())
+        assert pf.zeros(2, 3, dtype=dt, device="cuda").tolist() == [[0] * 3] * 2 or dt is pf.bool
+
+
+@check("numpy() of a cuda tensor is refused, item/tolist/repr copy")
+def _():
+    t = pf.tensor([2.5], device="cuda")
+    try:
+        t.numpy()
+        raise AssertionError("numpy() did not raise")
+    except TypeError as e:
+        assert "cpu()" in str(e)
+    assert t.item() == 2.5 and "device='cuda:0'" in repr(t)
+
+
+@check("memory statistics")
+def _():
+    import gc
+    gc.collect()
+    base = pf.cuda.memory_allocated()
+    pf.cuda.reset_peak_memory_stats()
+    t = pf.empty(1000, device="cuda")
+    assert pf.cuda.memory_allocated() >= base + 4000
+    assert pf.cuda.max_memory_allocated() >= base + 4000
+    del t
+    gc.collect()
+    assert pf.cuda.memory_allocated() == base
+
+
+@check("stream and events")
+def _():
+    s = pf.cuda.Stream()
+    start, end = pf.cuda.Event(enable_timing=True), pf.cuda.Event(enable_timing=True)
+    with s:
+        start.record()
+        pf.ones(4, device="cuda") + 1
+        end.record()
+    end.synchronize()
+    pf.cuda.synchronize()
+    assert start.elapsed_time(end) >= 0
+
+
+@check("elementwise ops and autograd agree with the cpu")
+def _():
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 3)), rng.standard_normal((3,))
+    results = {}
+    for dev in ("cpu", "cuda"):
+        x = pf.tensor(a, device=dev, requires_grad=True)
+        y = pf.tensor(b, device=dev, requires_grad=True)
+        out = ((x * y + 1).sigmoid() * x.tanh() - y / 3).gelu()
+        out.backward(pf.ones_like(out))
+        results[dev] = (out.detach().cpu().numpy(), x.grad.cpu().numpy(), y.grad.cpu().numpy())
+        assert out.device.type == dev and x.grad.device.type == dev
+    for c, g in zip(results["cpu"], results["cuda"]):
+        np.testing.assert_allclose(g, c, rtol=1e-10, atol=1e-12)
+
+
+@check("mixing devices is a clear error")
+def _():
+    try:
+        pf.ones(2) + pf.ones(2, device="cuda")
+        raise AssertionError("no error")
+    except RuntimeError as e:
+        assert "same device" in str(e)
+
+
+for f in failures:
+    print("FAIL", f)
+print(f"{checks} checks, {len(failures)} failures")
+sys.exit(1 if failures else 0)
