@@ -30,7 +30,7 @@ from . import dtypes  # noqa: F401  (pyflow.dtypes: dtype objects and promotion)
 from .dtypes import (bfloat16, bool, double, dtype, float, float16, float32, float64,  # noqa: A004
                     get_default_dtype, half, int, int32, int64, long, promote_types,
                     result_type, set_default_dtype)
-from .device import device
+from .device import device, get_default_device, set_default_device
 from .tensor import Size, Tensor
 from . import autograd
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled

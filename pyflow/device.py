@@ -1,6 +1,6 @@
 """Devices.  ``cpu`` keeps tensors in NumPy arrays; ``cuda`` in CuPy arrays on a
 GPU, or in NumPy arrays under numba's CUDA simulator (see ``pyflow.cuda``)."""
-__all__ = ["device"]
+__all__ = ["device", "set_default_device", "get_default_device"]
 
 _TYPES = ("cpu", "cuda")
 
@@ -41,6 +41,18 @@ class device:
 
 
 CPU = device("cpu")
+_default = [CPU]
+
+
+def set_default_device(d):
+    """Device of tensors made by creation ops without ``device=`` (PyTorch's name)."""
+    d = as_device(d)
+    check_available(d)
+    _default[0] = d
+
+
+def get_default_device():
+    return _default[0]
 
 
 def as_device(d, argname="device"):

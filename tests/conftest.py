@@ -13,3 +13,9 @@ settings.register_profile("ci", max_examples=25, deadline=None,
 settings.register_profile("dev", max_examples=10, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# PYFLOW_TEST_DEVICE=cuda (with NUMBA_ENABLE_CUDASIM=1 and no GPU) runs the op
+# tests again with every tensor created on the cuda device.
+if os.environ.get("PYFLOW_TEST_DEVICE"):
+    import pyflow  # noqa: E402
+    pyflow.set_default_device(os.environ["PYFLOW_TEST_DEVICE"])

@@ -71,7 +71,7 @@ def make_input(rng, shape, layout="contiguous", dtype=np.float64, low=-2.0, high
 
 # ----------------------------------------------------------------- checks
 def to_numpy(t):
-    return np.asarray(t.detach()._compute()) if isinstance(t, pf.Tensor) else np.asarray(t)
+    return np.asarray(t.detach()._host()) if isinstance(t, pf.Tensor) else np.asarray(t)
 
 
 def assert_close(actual, expected, rtol=1e-6, atol=1e-8, msg=""):

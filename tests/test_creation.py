@@ -89,15 +89,15 @@ def test_full_infers_dtype_and_like_overrides():
 def test_arange_matches_torch(args):
     p, t = pf.arange(*args), torch.arange(*args)
     assert p.dtype.name == str(t.dtype).split(".")[1]
-    assert_close(p, t.numpy(), rtol=1e-7)
+    assert_close(p, t.cpu().numpy(), rtol=1e-7)
 
 
 @needs_torch
 @pytest.mark.parametrize("args", [(0, 1, 5), (-2.0, 3.0, 1), (1, 1, 0), (3, -3, 7)])
 def test_linspace_eye_match_torch(args):
-    assert_close(pf.linspace(*args), torch.linspace(*args).numpy(), rtol=1e-6, atol=1e-7)
-    assert_close(pf.eye(3), torch.eye(3).numpy())
-    assert_close(pf.eye(2, 4, dtype=pf.float64), torch.eye(2, 4, dtype=torch.float64).numpy())
+    assert_close(pf.linspace(*args), torch.linspace(*args).cpu().numpy(), rtol=1e-6, atol=1e-7)
+    assert_close(pf.eye(3), torch.eye(3).cpu().numpy())
+    assert_close(pf.eye(2, 4, dtype=pf.float64), torch.eye(2, 4, dtype=torch.float64).cpu().numpy())
 
 
 def test_arange_errors():
@@ -173,26 +173,26 @@ def test_bfloat16_rounds_to_nearest_even():
     odd_tie = np.float32(1.0 + 3 * 2.0 ** -8)           # tie -> even (1 + 2 ulp)
     above = np.nextafter(halfway, np.float32(2))        # just above the tie -> up
     vals = np.array([one, halfway, odd_tie, above, -halfway, 3.0e38, 1e-40, 0.0], np.float32)
-    out = pf.tensor(vals, dtype=pf.bfloat16).float().numpy()
+    out = pf.tensor(vals, dtype=pf.bfloat16).float().cpu().numpy()
     np.testing.assert_array_equal(out, _bf16_rne(vals))
     assert out[1] == 1.0 and out[2] == 1.0 + 2 * ulp and out[3] == 1.0 + ulp
-    assert np.isnan(pf.tensor([np.nan], dtype=pf.bfloat16).float().numpy()[0])
+    assert np.isnan(pf.tensor([np.nan], dtype=pf.bfloat16).float().cpu().numpy()[0])
     if torch is not None:
-        ref = torch.tensor(vals).to(torch.bfloat16).float().numpy()
+        ref = torch.tensor(vals).to(torch.bfloat16).float().cpu().numpy()
         np.testing.assert_array_equal(out, ref)
 
 
 @given(st.lists(st.floats(-1e4, 1e4, width=32), min_size=1, max_size=20))
 def test_bfloat16_matches_reference(vals):
     v = np.array(vals, np.float32)
-    np.testing.assert_array_equal(pf.tensor(v).bfloat16().float().numpy(), _bf16_rne(v))
+    np.testing.assert_array_equal(pf.tensor(v).bfloat16().float().cpu().numpy(), _bf16_rne(v))
 
 
 def test_float16_round_trip():
     v = np.array([0.1, 1.0 / 3, 65504.0, 6e-8, -2.5, 70000.0], np.float32)
     h = pf.tensor(v).half()
-    assert h.dtype is pf.float16 and h.numpy().dtype == np.float16
-    np.testing.assert_array_equal(h.float().numpy(), v.astype(np.float16).astype(np.float32))
+    assert h.dtype is pf.float16 and h.cpu().numpy().dtype == np.float16
+    np.testing.assert_array_equal(h.float().cpu().numpy(), v.astype(np.float16).astype(np.float32))
     exact = pf.tensor([0.5, -2.0, 1024.0], dtype=pf.float16)
     assert exact.float().half().tolist() == [0.5, -2.0, 1024.0]
 
@@ -203,7 +203,7 @@ def test_to_every_dtype_pair_matches_numpy(src, dst):
     t = pf.tensor(vals, dtype=getattr(pf, src))
     out = t.to(getattr(pf, dst))
     assert out.dtype is getattr(pf, dst)
-    ref = pf.tensor(vals, dtype=getattr(pf, src)).float().numpy()
+    ref = pf.tensor(vals, dtype=getattr(pf, src)).float().cpu().numpy()
     expect = ref.astype(bool) if dst == "bool" else ref
     if src == "bool":
         expect = (vals != 0).astype(np.float32) if dst != "bool" else vals != 0

@@ -118,7 +118,7 @@ def test_item_tolist_numpy_len_iter_bool():
     assert bool(pf.tensor([1.0])) and not bool(pf.tensor(0))
     assert float(pf.tensor(2)) == 2.0 and int(pf.tensor(2.7)) == 2
     assert [10, 20, 30][pf.tensor(1)] == 20                    # __index__
-    n = t.numpy()
+    n = t.cpu().numpy()
     n[0, 0] = 9.0                                               # shares memory
     assert t[0, 0].item() == 9.0
     with pytest.raises(RuntimeError, match="cannot be converted to Scalar"):
@@ -130,9 +130,9 @@ def test_item_tolist_numpy_len_iter_bool():
     with pytest.raises(TypeError, match="iteration over a 0-d tensor"):
         iter(pf.tensor(1.0))
     with pytest.raises(RuntimeError, match="requires grad"):
-        pf.ones(2, requires_grad=True).numpy()
+        pf.ones(2, requires_grad=True).cpu().numpy()
     with pytest.raises(TypeError, match="bfloat16"):
-        pf.ones(2, dtype=pf.bfloat16).numpy()
+        pf.ones(2, dtype=pf.bfloat16).cpu().numpy()
     with pytest.raises(TypeError, match="only integer tensors"):
         [1, 2][pf.tensor(1.0)]
 

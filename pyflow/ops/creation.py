@@ -5,7 +5,7 @@ import numbers
 import numpy as np
 
 from .. import dtypes as _dt
-from ..device import as_device, check_available, placed
+from ..device import as_device, check_available, get_default_device, placed
 from ..random import generator_of
 from ..tensor import Tensor
 from ._util import kernel, shape_arg, wrap
@@ -17,7 +17,7 @@ __all__ = ["tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty"
 
 def _finish(arr, dtype, device, requires_grad):
     """A tensor from host array ``arr`` (dtype.compute), placed on ``device``."""
-    device = as_device(device)
+    device = get_default_device() if device is None else as_device(device)
     check_available(device)
     t = wrap(arr, dtype)
     if t._data.shape != arr.shape:   # the bfloat16 cast can drop a 0-d shape (cast.py)
@@ -54,7 +54,7 @@ def _infer_dtype(data):
 
 def _to_numpy(data):
     if isinstance(data, Tensor):
-        return np.asarray(data._compute())
+        return np.asarray(data._host())
     if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in data):
         return np.array([_to_numpy(x) for x in data])
     return np.asarray(data)

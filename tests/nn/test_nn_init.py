@@ -166,7 +166,7 @@ def test_default_layer_init_distribution_matches_torch(layer, args):
     fan_in = init._calculate_fan_in_and_fan_out(ours.weight)[0]
     bound = 1 / math.sqrt(fan_in)
     for name in ("weight", "bias"):
-        v, tv = values(getattr(ours, name)), getattr(ref, name).detach().numpy()
+        v, tv = values(getattr(ours, name)), getattr(ref, name).detach().cpu().numpy()
         assert np.abs(v).max() <= bound * (1 + 1e-6)
         assert np.abs(tv).max() <= bound * (1 + 1e-6)
         if name == "weight":   # U(-b, b) has std b/sqrt(3)

@@ -13,7 +13,7 @@ from tests.helpers import assert_close, needs_torch, torch
 
 def copy_from_torch(ours, ref):
     """Load ``ref``'s state dict into ``ours`` through NumPy arrays."""
-    sd = {k: pf.tensor(v.detach().numpy()) for k, v in ref.state_dict().items()}
+    sd = {k: pf.tensor(v.detach().cpu().numpy()) for k, v in ref.state_dict().items()}
     res = ours.load_state_dict(sd)
     assert res.missing_keys == [] and res.unexpected_keys == []
 
@@ -32,25 +32,25 @@ def run_both(ours, ref, *inputs, grad_inputs=True, rtol=1e-10, atol=1e-12, steps
             pins.append(pf.tensor(x, requires_grad=rg))
             tins.append(torch.tensor(x, requires_grad=rg))
         out, tout = ours(*pins), ref(*tins)
-        assert_close(out, tout.detach().numpy(), rtol=rtol, atol=atol, msg=f"output step {step}")
+        assert_close(out, tout.detach().cpu().numpy(), rtol=rtol, atol=atol, msg=f"output step {step}")
         if backward:
             w = rng.standard_normal(tuple(tout.shape))
             (out * pf.tensor(w)).sum().backward()
             (tout * torch.tensor(w)).sum().backward()
             for i, (p, t) in enumerate(zip(pins, tins)):
                 if t.requires_grad:
-                    assert_close(p.grad, t.grad.numpy(), rtol=rtol, atol=atol,
+                    assert_close(p.grad, t.grad.cpu().numpy(), rtol=rtol, atol=atol,
                                  msg=f"grad of input {i}")
             tparams = dict(ref.named_parameters())
             for name, p in ours.named_parameters():
                 tg = tparams[name].grad
                 if tg is None:
-                    assert p.grad is None or np.all(p.grad.numpy() == 0), name
+                    assert p.grad is None or np.all(p.grad.cpu().numpy() == 0), name
                 else:
-                    assert_close(p.grad, tg.numpy(), rtol=rtol, atol=atol, msg=f"grad {name}")
+                    assert_close(p.grad, tg.cpu().numpy(), rtol=rtol, atol=atol, msg=f"grad {name}")
         tbufs = dict(ref.named_buffers())
         for name, b in ours.named_buffers():
-            assert_close(b, tbufs[name].numpy(), rtol=rtol, atol=atol, msg=f"buffer {name}")
+            assert_close(b, tbufs[name].cpu().numpy(), rtol=rtol, atol=atol, msg=f"buffer {name}")
     return out, tout
 
 
@@ -135,7 +135,7 @@ def test_mlp_training_steps_match_torch():
                 tp.sub_(tp.grad * 0.1)
     for (k, v), (tk, tv) in zip(ours.state_dict().items(), ref.state_dict().items()):
         assert k == tk
-        assert_close(v, tv.numpy(), rtol=1e-9, msg=k)
+        assert_close(v, tv.cpu().numpy(), rtol=1e-9, msg=k)
 
 
 # ------------------------------------------------------------------ containers
@@ -307,7 +307,7 @@ def test_embedding(padding_idx):
 def test_embedding_init():
     pf.manual_seed(0)
     emb = nn.Embedding(400, 50, padding_idx=3)
-    w = emb.weight.detach().numpy()
+    w = emb.weight.detach().cpu().numpy()
     assert np.all(w[3] == 0)
     rest = np.delete(w, 3, axis=0)
     assert abs(rest.mean()) < 0.02 and abs(rest.std() - 1) < 0.02      # N(0, 1), as PyTorch
@@ -323,12 +323,12 @@ def test_dropout_train_and_eval():
     drop = nn.Dropout(0.25)
     x = pf.ones(200, 50, requires_grad=True)
     y = drop(x)
-    vals = y.detach().numpy()
+    vals = y.detach().cpu().numpy()
     kept = vals != 0
     assert set(np.unique(vals)) <= {0.0, np.float32(1 / 0.75)}
     assert abs(kept.mean() - 0.75) < 0.02
     y.sum().backward()
-    np.testing.assert_allclose(x.grad.numpy(), kept / 0.75, rtol=1e-6)  # grad follows the mask
+    np.testing.assert_allclose(x.grad.cpu().numpy(), kept / 0.75, rtol=1e-6)  # grad follows the mask
     drop.eval()
     assert drop(x) is x                                                   # identity in eval
 

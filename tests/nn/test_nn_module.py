@@ -128,7 +128,7 @@ def test_state_dict_keys_order_and_detached():
     # values share memory with the parameters (like PyTorch's detach())
     with pf.no_grad():
         net.fc1.bias.fill_(3.0)
-    assert np.all(sd["fc1.bias"].numpy() == 3.0)
+    assert np.all(sd["fc1.bias"].cpu().numpy() == 3.0)
     assert net.state_dict(keep_vars=True)["fc1.weight"] is net.fc1.weight
     assert list(net.state_dict(prefix="model."))[0] == "model.scale"
 
@@ -146,7 +146,7 @@ def test_load_state_dict_copies_in_place():
     # a copy, not an alias
     with pf.no_grad():
         src.fc1.weight.fill_(7.0)
-    assert not np.any(dst.fc1.weight.detach().numpy() == 7.0)
+    assert not np.any(dst.fc1.weight.detach().cpu().numpy() == 7.0)
 
 
 def test_load_state_dict_missing_and_unexpected_keys():
@@ -287,7 +287,7 @@ def test_hook_sees_intermediate_activations():
         m.register_forward_hook(lambda mod, a, o, name=name: acts.__setitem__(name, o))
     out = mlp(pf.randn(5, 3))
     assert list(acts) == ["0", "1", "2"] and acts["2"] is out
-    assert np.all(acts["1"].detach().numpy() >= 0)
+    assert np.all(acts["1"].detach().cpu().numpy() >= 0)
 
 
 # ------------------------------------------------------------------ modes and conversion
@@ -312,7 +312,7 @@ def test_zero_grad():
     net(pf.randn(3, 4)).sum().backward()
     assert all(p.grad is not None for p in net.parameters())
     net.zero_grad(set_to_none=False)
-    assert all(np.all(p.grad.numpy() == 0) for p in net.parameters())
+    assert all(np.all(p.grad.cpu().numpy() == 0) for p in net.parameters())
     net.zero_grad()
     assert all(p.grad is None for p in net.parameters())
 
@@ -322,10 +322,10 @@ def test_to_double_keeps_parameter_objects():
     bn = nn.BatchNorm1d(3)
     net.bn = bn
     w = net.fc1.weight
-    before = w.detach().numpy().copy()
+    before = w.detach().cpu().numpy().copy()
     assert net.to(pf.float64) is net
     assert net.fc1.weight is w and w.dtype is pf.float64 and w.requires_grad
-    np.testing.assert_array_equal(w.detach().numpy(), before)
+    np.testing.assert_array_equal(w.detach().cpu().numpy(), before)
     assert net.count.dtype is pf.float64 and bn.running_mean.dtype is pf.float64
     assert bn.num_batches_tracked.dtype is pf.int64       # integers keep their dtype
     out = net(pf.randn(2, 4, dtype=pf.float64))
@@ -349,7 +349,7 @@ def test_deepcopy_gives_independent_parameters():
     assert clone.weight is not lin.weight and isinstance(clone.weight, nn.Parameter)
     with pf.no_grad():
         clone.weight.fill_(0)
-    assert np.any(lin.weight.detach().numpy() != 0)
+    assert np.any(lin.weight.detach().cpu().numpy() != 0)
 
 
 # ------------------------------------------------------------------ against torch
@@ -369,12 +369,12 @@ def test_custom_module_training_step_matches_torch():
 
     ref = TNet().double()
     net = Net().double()
-    net.load_state_dict({k: pf.tensor(v.numpy()) for k, v in ref.state_dict().items()})
+    net.load_state_dict({k: pf.tensor(v.cpu().numpy()) for k, v in ref.state_dict().items()})
     x = np.random.default_rng(0).standard_normal((6, 4))
     out, tout = net(pf.tensor(x)), ref(torch.tensor(x))
-    assert_close(out, tout.detach().numpy(), rtol=1e-12)
+    assert_close(out, tout.detach().cpu().numpy(), rtol=1e-12)
     out.square().sum().backward()
     tout.square().sum().backward()
     tparams = dict(ref.named_parameters())
     for name, p in net.named_parameters():
-        assert_close(p.grad, tparams[name].grad.numpy(), rtol=1e-10, msg=name)
+        assert_close(p.grad, tparams[name].grad.cpu().numpy(), rtol=1e-10, msg=name)

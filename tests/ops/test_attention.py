@@ -128,9 +128,9 @@ def test_against_torch(kind):
     theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
     out = sdpa(*ours, **kw)
     ref = torch.nn.functional.scaled_dot_product_attention(*theirs, **tkw)
-    assert_close(out, ref.detach().numpy(), rtol=1e-4, atol=1e-5)
+    assert_close(out, ref.detach().cpu().numpy(), rtol=1e-4, atol=1e-5)
     g = rng.standard_normal(tuple(ref.shape)).astype(np.float32)
     out.backward(pf.tensor(g))
     ref.backward(torch.tensor(g))
     for o, t in zip(ours, theirs):
-        assert_close(o.grad, t.grad.numpy(), rtol=1e-4, atol=1e-5)
+        assert_close(o.grad, t.grad.cpu().numpy(), rtol=1e-4, atol=1e-5)

@@ -185,7 +185,7 @@ def test_conv2d_keeps_or_recomputes_im2col(monkeypatch):
         monkeypatch.setattr(conv_ops, "KEEP_COLS_BYTES", limit)
         tx, tw = pf.tensor(x, requires_grad=True), pf.tensor(w, requires_grad=True)
         pf.conv2d(tx, tw, padding=1).sum().backward()
-        grads.append((tx.grad.numpy(), tw.grad.numpy()))
+        grads.append((tx.grad.cpu().numpy(), tw.grad.cpu().numpy()))
     assert_close(grads[0][0], grads[1][0], rtol=1e-12)
     assert_close(grads[0][1], grads[1][1], rtol=1e-12)
 
@@ -275,12 +275,12 @@ def test_conv2d_against_torch(kw):
     ps = [pf.tensor(v, requires_grad=True) for v in (x, w, b)]
     ts = [torch.tensor(v, requires_grad=True) for v in (x, w, b)]
     out, ref = pf.conv2d(*ps, **kw), torch.nn.functional.conv2d(*ts, **kw)
-    assert_close(out, ref.detach().numpy(), rtol=1e-4, atol=1e-4)
+    assert_close(out, ref.detach().cpu().numpy(), rtol=1e-4, atol=1e-4)
     g = rng.standard_normal(tuple(ref.shape)).astype(np.float32)
     out.backward(pf.tensor(g))
     ref.backward(torch.tensor(g))
     for p, t in zip(ps, ts):
-        assert_close(p.grad, t.grad.numpy(), rtol=1e-4, atol=1e-4)
+        assert_close(p.grad, t.grad.cpu().numpy(), rtol=1e-4, atol=1e-4)
 
 
 @needs_torch
@@ -298,7 +298,7 @@ def test_conv2d_double_backward_against_torch():
     p2 = pf.autograd.grad((pgx * pgx).sum() + (pgw ** 3).sum(), [px, pw])
     t2 = torch.autograd.grad((tgx * tgx).sum() + (tgw ** 3).sum(), [tx, tw])
     for a, b in zip(p2, t2):
-        assert_close(a, b.numpy(), rtol=1e-10, atol=1e-10)
+        assert_close(a, b.cpu().numpy(), rtol=1e-10, atol=1e-10)
 
 
 # ------------------------------------------------------------------ pooling
@@ -324,7 +324,7 @@ def test_max_pool2d_hypothesis(cfg, seed):
     ref, ref_idx = max_pool_ref(x, cfg["k"], cfg["s"], cfg["p"], cfg["d"], cfg["ceil_mode"])
     out, idx = pf.max_pool2d(tx, return_indices=True, **kw)
     assert_close(out, ref, rtol=0, atol=0)
-    assert idx.dtype is pf.int64 and (idx.numpy() == ref_idx).all()
+    assert idx.dtype is pf.int64 and (idx.cpu().numpy() == ref_idx).all()
     if np.isfinite(ref).all():       # -inf outputs (all-padding windows) have no derivative
         check_grad(lambda t: pf.max_pool2d(t, **kw), [x])
 
@@ -371,7 +371,7 @@ def test_pool_double_backward():
         (g,) = pf.autograd.grad((pool(x) ** 2).sum(), x, create_graph=True)
         (gg,) = pf.autograd.grad((g * x).sum(), x)
         # d/dx sum(x * d/dx sum(pool(x)^2)) = 2 * d/dx sum(pool(x)^2) for a linear/piecewise-linear pool
-        assert_close(gg, 2 * g.detach().numpy(), rtol=1e-12, atol=1e-12)
+        assert_close(gg, 2 * g.detach().cpu().numpy(), rtol=1e-12, atol=1e-12)
 
 
 def test_max_pool2d_nan_and_half():
@@ -414,12 +414,12 @@ def test_max_pool2d_against_torch(kw):
     px, tx = pf.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
     (out, idx), (ref, ref_idx) = (pf.max_pool2d(px, return_indices=True, **kw),
                                   torch.nn.functional.max_pool2d(tx, return_indices=True, **kw))
-    assert_close(out, ref.detach().numpy(), rtol=0, atol=0)
-    assert (idx.numpy() == ref_idx.numpy()).all()
+    assert_close(out, ref.detach().cpu().numpy(), rtol=0, atol=0)
+    assert (idx.cpu().numpy() == ref_idx.cpu().numpy()).all()
     g = rng.standard_normal(tuple(ref.shape)).astype(np.float32)
     out.backward(pf.tensor(g))
     ref.backward(torch.tensor(g))
-    assert_close(px.grad, tx.grad.numpy(), rtol=1e-6, atol=1e-6)
+    assert_close(px.grad, tx.grad.cpu().numpy(), rtol=1e-6, atol=1e-6)
 
 
 @needs_torch
@@ -436,8 +436,8 @@ def test_avg_pools_against_torch(kw):
                           lambda t: F.adaptive_avg_pool2d(t, (4, None)))):
         px, tx = pf.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
         out, ref = ours(px), theirs(tx)
-        assert_close(out, ref.detach().numpy(), rtol=1e-5, atol=1e-6)
+        assert_close(out, ref.detach().cpu().numpy(), rtol=1e-5, atol=1e-6)
         g = rng.standard_normal(tuple(ref.shape)).astype(np.float32)
         out.backward(pf.tensor(g))
         ref.backward(torch.tensor(g))
-        assert_close(px.grad, tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+        assert_close(px.grad, tx.grad.cpu().numpy(), rtol=1e-5, atol=1e-6)

@@ -18,7 +18,7 @@ def test_dropout_keeps_and_scales(data):
     x, tx = make_input(rng, shape, data.draw(layouts()), low=0.5, high=2.0)  # no zeros
     tx.requires_grad_()
     out = pf.dropout(tx, p)
-    y = out.detach().numpy()
+    y = out.detach().cpu().numpy()
     kept = y != 0
     assert_close(y[kept], x[kept] / (1 - p), rtol=1e-12)
     g = rng.standard_normal(shape)
@@ -30,7 +30,7 @@ def test_dropout_fraction_and_generator():
     x = pf.ones(200, 100)
     gen = pf.Generator().manual_seed(3)
     a = pf.dropout(x, 0.3, generator=gen)
-    assert abs((a.numpy() != 0).mean() - 0.7) < 0.01         # 20000 draws: sd 0.003
+    assert abs((a.cpu().numpy() != 0).mean() - 0.7) < 0.01         # 20000 draws: sd 0.003
     gen.manual_seed(3)
     assert pf.equal(a, pf.dropout(x, 0.3, generator=gen))
     pf.manual_seed(5)
@@ -48,18 +48,18 @@ def test_dropout_special_cases():
     z.sum().backward()
     assert x.grad.tolist() == [0.0, 0.0, 0.0]
     h = pf.dropout(pf.ones(4, 4, dtype=pf.bfloat16), 0.5)
-    assert h.dtype is pf.bfloat16 and set(np.unique(h.float().numpy())) <= {0.0, 2.0}
+    assert h.dtype is pf.bfloat16 and set(np.unique(h.float().cpu().numpy())) <= {0.0, 2.0}
 
 
 def test_dropout_inplace():
     x = pf.ones(50)
     y = pf.dropout(x, 0.5, inplace=True)
-    assert y is x and set(np.unique(x.numpy())) == {0.0, 2.0} and x._version[0] == 1
+    assert y is x and set(np.unique(x.cpu().numpy())) == {0.0, 2.0} and x._version[0] == 1
     w = pf.ones(10, requires_grad=True)
     h = w * 1
     pf.dropout(h, 0.5, inplace=True)
     h.sum().backward()
-    assert_close(w.grad, h.detach().numpy())  # grad is mask * 2 = the output itself
+    assert_close(w.grad, h.detach().cpu().numpy())  # grad is mask * 2 = the output itself
     with pytest.raises(RuntimeError, match="leaf Variable"):
         pf.dropout(w, 0.5, inplace=True)
 
@@ -145,8 +145,8 @@ def test_embedding_against_torch(kw):
     ours, theirs = pf.tensor(w, requires_grad=True), torch.tensor(w, requires_grad=True)
     out = pf.embedding(pf.tensor(idx), ours, **kw)
     ref = torch.nn.functional.embedding(torch.tensor(idx), theirs, **kw)
-    assert_close(out, ref.detach().numpy(), rtol=1e-6)
+    assert_close(out, ref.detach().cpu().numpy(), rtol=1e-6)
     out.backward(pf.tensor(g))
     ref.backward(torch.tensor(g))
-    assert_close(ours.grad, theirs.grad.numpy(), rtol=1e-5, atol=1e-6)
-    assert_close(ours, theirs.detach().numpy(), rtol=1e-6)   # max_norm renormalized alike
+    assert_close(ours.grad, theirs.grad.cpu().numpy(), rtol=1e-5, atol=1e-6)
+    assert_close(ours, theirs.detach().cpu().numpy(), rtol=1e-6)   # max_norm renormalized alike

@@ -81,11 +81,11 @@ def test_double_backward_through_activation():
         (g,) = pf.autograd.grad(fn(x).sum(), x, create_graph=True)
         (gg,) = pf.autograd.grad(g.sum(), x)
         eps = 1e-6
-        xp = pf.tensor(x.detach().numpy() + eps, requires_grad=True)
-        xm = pf.tensor(x.detach().numpy() - eps, requires_grad=True)
+        xp = pf.tensor(x.detach().cpu().numpy() + eps, requires_grad=True)
+        xm = pf.tensor(x.detach().cpu().numpy() - eps, requires_grad=True)
         (gp,) = pf.autograd.grad(fn(xp).sum(), xp)
         (gm,) = pf.autograd.grad(fn(xm).sum(), xm)
-        assert_close(gg, (gp.numpy() - gm.numpy()) / (2 * eps), rtol=1e-5, atol=1e-7)
+        assert_close(gg, (gp.cpu().numpy() - gm.cpu().numpy()) / (2 * eps), rtol=1e-5, atol=1e-7)
 
 
 def test_type_promotion_like_pytorch():
@@ -189,11 +189,11 @@ def test_against_torch():
         ref = getattr(torch.nn.functional, name, None) or getattr(torch, name)
         tx = torch.tensor(x, requires_grad=True)
         tr = ref(tx)
-        assert_close(ours, tr.detach().numpy(), rtol=1e-5, atol=1e-6, msg=name)
+        assert_close(ours, tr.detach().cpu().numpy(), rtol=1e-5, atol=1e-6, msg=name)
         xp = pf.tensor(x, requires_grad=True)
         UNARY[name][0](xp).sum().backward()
         tr.sum().backward()
-        assert_close(xp.grad, tx.grad.numpy(), rtol=1e-5, atol=1e-6, msg=name)
+        assert_close(xp.grad, tx.grad.cpu().numpy(), rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu", "sigmoid"])
@@ -208,8 +208,8 @@ def test_float32_fast_activation_loops(name, size):
     t = pf.tensor(x, requires_grad=True)
     out = pf_fn(t)
     ref = np_fn(x.astype(np.float64))
-    np.testing.assert_allclose(out.detach().numpy(), ref, rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(out.detach().cpu().numpy(), ref, rtol=2e-6, atol=2e-6)
     out.backward(pf.ones(size))
     t64 = pf.tensor(x.astype(np.float64), requires_grad=True)
     pf_fn(t64).backward(pf.ones(size, dtype=pf.float64))
-    np.testing.assert_allclose(t.grad.numpy(), t64.grad.numpy(), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(t.grad.cpu().numpy(), t64.grad.cpu().numpy(), rtol=2e-5, atol=2e-6)

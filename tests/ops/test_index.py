@@ -85,7 +85,7 @@ def test_basic_getitem_is_a_view_matching_numpy(data):
     assert out._version is t._version                      # shares the version counter
     if out.numel() and t.is_contiguous():
         # a view: writing through it changes the base
-        before = t.detach().numpy().copy()
+        before = t.detach().cpu().numpy().copy()
         out.fill_(7.0)
         expect = before.copy()
         expect[key] = 7.0
@@ -121,11 +121,11 @@ def test_advanced_getitem_matches_torch_values_and_grads(data):
     px = pf.tensor(x, requires_grad=True)
     out = px[key]
     assert tuple(out.shape) == tuple(ref.shape), key
-    assert_close(out, ref.detach().numpy(), rtol=0, atol=0)
+    assert_close(out, ref.detach().cpu().numpy(), rtol=0, atol=0)
     w = rng.standard_normal(tuple(ref.shape))
     ref.backward(torch.tensor(w))
     out.backward(pf.tensor(w))
-    assert_close(px.grad, tx.grad.numpy(), rtol=1e-12)
+    assert_close(px.grad, tx.grad.cpu().numpy(), rtol=1e-12)
 
 
 @pytest.mark.parametrize("key, shape", [
@@ -145,7 +145,7 @@ def test_advanced_placement_rules(key, shape):
     n = np.arange(24).reshape(2, 3, 4)
     assert tuple(x[key].shape) == shape
     if key == (0, slice(None), [1, 2]):
-        np.testing.assert_array_equal(x[key].numpy(), n[0][:, [1, 2]])
+        np.testing.assert_array_equal(x[key].cpu().numpy(), n[0][:, [1, 2]])
 
 
 def test_duplicate_indices_accumulate_gradient():
@@ -166,8 +166,8 @@ def test_getitem_double_backward():
 
 def test_bool_mask_and_zero_dim_index_tensor():
     x = pf.arange(12).reshape(3, 4)
-    np.testing.assert_array_equal(x[x > 6].numpy(), np.arange(7, 12))
-    np.testing.assert_array_equal(x[[True, False, True]].numpy(), np.arange(12).reshape(3, 4)[[0, 2]])
+    np.testing.assert_array_equal(x[x > 6].cpu().numpy(), np.arange(7, 12))
+    np.testing.assert_array_equal(x[[True, False, True]].cpu().numpy(), np.arange(12).reshape(3, 4)[[0, 2]])
     v = x[pf.tensor(1)]                      # a 0-d integer tensor indexes like an int: a view
     assert v._version is x._version and tuple(v.shape) == (4,)
     assert tuple(x[pf.tensor(True)].shape) == (1, 3, 4)
@@ -240,7 +240,7 @@ def test_setitem_matches_torch(data):
     tt[_torch_key(key)] = torch.tensor(value)
     t = pf.tensor(x)
     t[key] = pf.tensor(value)
-    assert_close(t, tt.numpy(), rtol=0, atol=0)
+    assert_close(t, tt.cpu().numpy(), rtol=0, atol=0)
 
 
 def test_setitem_scalar_cast_mask_and_broadcast():
@@ -315,7 +315,7 @@ def test_setitem_grad_matches_torch():
         y = xs * 3.0
         y[lib.tensor([True, False, True])] = vs * 2
         (y * y).sum().backward()
-        grads.append((np.asarray(xs.grad.numpy()), np.asarray(vs.grad.numpy())))
+        grads.append((np.asarray(xs.grad.cpu().numpy()), np.asarray(vs.grad.cpu().numpy())))
     assert_close(grads[0][0], grads[1][0])
     assert_close(grads[0][1], grads[1][1])
 
@@ -399,17 +399,17 @@ def test_gather_scatter_match_torch(case):
     px, ps = pf.tensor(x, requires_grad=True), pf.tensor(src, requires_grad=True)
     ref = torch.gather(tx, dim, ti) * 3 + torch.scatter_add(tx, dim, ti, ts).sum()
     out = pf.gather(px, dim, pf.tensor(idx)) * 3 + pf.scatter_add(px, dim, pf.tensor(idx), ps).sum()
-    assert_close(out, ref.detach().numpy(), rtol=1e-12)
+    assert_close(out, ref.detach().cpu().numpy(), rtol=1e-12)
     w = rng.standard_normal(tuple(ref.shape))
     ref.backward(torch.tensor(w))
     out.backward(pf.tensor(w))
-    assert_close(px.grad, tx.grad.numpy(), rtol=1e-12)
-    assert_close(ps.grad, ts.grad.numpy(), rtol=1e-12)
+    assert_close(px.grad, tx.grad.cpu().numpy(), rtol=1e-12)
+    assert_close(ps.grad, ts.grad.cpu().numpy(), rtol=1e-12)
     # scatter (assign): compare where indices are unique per position
     uniq = torch.argsort(torch.rand(shape), dim=dim).narrow(dim, 0, 1)
     t_sc = torch.scatter(tx.detach(), dim, uniq, 7.0)
-    p_sc = pf.scatter(pf.tensor(x), dim, pf.tensor(uniq.numpy()), value=7.0)
-    assert_close(p_sc, t_sc.numpy())
+    p_sc = pf.scatter(pf.tensor(x), dim, pf.tensor(uniq.cpu().numpy()), value=7.0)
+    assert_close(p_sc, t_sc.cpu().numpy())
 
 
 def test_scatter_and_inplace_forms():
@@ -507,14 +507,14 @@ def test_nonzero_matches_numpy(shape, seed):
     t = pf.tensor(x)
     out = pf.nonzero(t)
     assert out.dtype is pf.int64
-    np.testing.assert_array_equal(out.numpy(), np.argwhere(x))
+    np.testing.assert_array_equal(out.cpu().numpy(), np.argwhere(x))
     cols = pf.nonzero(t, as_tuple=True)
     assert len(cols) == max(x.ndim, 1)
     if x.ndim:
         for c, r in zip(cols, np.nonzero(x)):
-            np.testing.assert_array_equal(c.numpy(), r)
+            np.testing.assert_array_equal(c.cpu().numpy(), r)
     if torch is not None:
-        np.testing.assert_array_equal(out.numpy(), torch.nonzero(torch.tensor(x)).numpy())
+        np.testing.assert_array_equal(out.cpu().numpy(), torch.nonzero(torch.tensor(x)).cpu().numpy())
 
 
 def test_where_single_argument_uses_nonzero():

@@ -70,10 +70,10 @@ def test_cat_stack_match_torch():
     xs = [rng.standard_normal((2, 3)) for _ in range(3)]
     for dim in (0, 1, -1):
         assert_close(pf.cat([pf.tensor(x) for x in xs], dim),
-                     torch.cat([torch.tensor(x) for x in xs], dim).numpy())
+                     torch.cat([torch.tensor(x) for x in xs], dim).cpu().numpy())
     for dim in (0, 1, 2, -1):
         assert_close(pf.stack([pf.tensor(x) for x in xs], dim),
-                     torch.stack([torch.tensor(x) for x in xs], dim).numpy())
+                     torch.stack([torch.tensor(x) for x in xs], dim).cpu().numpy())
     v = [rng.standard_normal(3), rng.standard_normal(2)]
     assert_close(pf.hstack([pf.tensor(x) for x in v]), torch.hstack([torch.tensor(x) for x in v]))
     m = [rng.standard_normal(3), rng.standard_normal((2, 3))]
@@ -119,12 +119,12 @@ def test_one_hot():
     idx = pf.tensor([[0, 2], [1, 2]])
     out = pf.one_hot(idx)
     assert out.dtype is pf.int64 and tuple(out.shape) == (2, 2, 3)
-    np.testing.assert_array_equal(out.numpy(), np.eye(3, dtype=np.int64)[idx.numpy()])
+    np.testing.assert_array_equal(out.cpu().numpy(), np.eye(3, dtype=np.int64)[idx.cpu().numpy()])
     assert tuple(pf.one_hot(pf.tensor([1]), num_classes=5).shape) == (1, 5)
     assert tuple(pf.one_hot(pf.zeros(0, dtype=pf.int64), 4).shape) == (0, 4)
     if torch is not None:
         np.testing.assert_array_equal(
-            out.numpy(), torch.nn.functional.one_hot(torch.tensor(idx.numpy())).numpy())
+            out.cpu().numpy(), torch.nn.functional.one_hot(torch.tensor(idx.cpu().numpy())).cpu().numpy())
 
 
 @pytest.mark.parametrize("args, match", [
@@ -190,11 +190,11 @@ def test_pad_modes_match_torch(mode, data):
     ref = torch.nn.functional.pad(tx, tuple(pads), mode=mode)
     px = pf.tensor(x, requires_grad=True)
     out = pf.pad(px, tuple(pads), mode=mode)
-    assert_close(out, ref.detach().numpy(), rtol=0, atol=0)
+    assert_close(out, ref.detach().cpu().numpy(), rtol=0, atol=0)
     w = rng.standard_normal(tuple(ref.shape))
     ref.backward(torch.tensor(w))
     out.backward(pf.tensor(w))
-    assert_close(px.grad, tx.grad.numpy(), rtol=1e-12)
+    assert_close(px.grad, tx.grad.cpu().numpy(), rtol=1e-12)
 
 
 def test_pad_reflect_grad_finite_differences():

@@ -142,7 +142,7 @@ def test_double_backward():
     b = pf.tensor(rng.standard_normal((3, 2)), requires_grad=True)
     (ga,) = pf.autograd.grad(((a @ b) ** 2).sum(), a, create_graph=True)
     (gb,) = pf.autograd.grad(ga.sum(), b)
-    an, bn = a.detach().numpy(), b.detach().numpy()
+    an, bn = a.detach().cpu().numpy(), b.detach().cpu().numpy()
 
     def f(bv):  # d/db of sum(d/da sum((a@b)^2)) = d/db sum(2 (a@b) b^T)
         return np.sum(2 * (an @ bv) @ bv.T)
@@ -190,12 +190,12 @@ def test_matmul_against_torch(sa, sb):
     ta, tb = pf.tensor(a, requires_grad=True), pf.tensor(b, requires_grad=True)
     Ta, Tb = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
     out, ref = ta @ tb, Ta @ Tb
-    assert_close(out, ref.detach().numpy(), rtol=1e-5, atol=1e-5)
+    assert_close(out, ref.detach().cpu().numpy(), rtol=1e-5, atol=1e-5)
     g = rng.standard_normal(tuple(ref.shape)).astype(np.float32)
     out.backward(pf.tensor(g))
     ref.backward(torch.tensor(g))
-    assert_close(ta.grad, Ta.grad.numpy(), rtol=1e-5, atol=1e-5)
-    assert_close(tb.grad, Tb.grad.numpy(), rtol=1e-5, atol=1e-5)
+    assert_close(ta.grad, Ta.grad.cpu().numpy(), rtol=1e-5, atol=1e-5)
+    assert_close(tb.grad, Tb.grad.cpu().numpy(), rtol=1e-5, atol=1e-5)
 
 
 @needs_torch
@@ -205,12 +205,12 @@ def test_linear_and_baddbmm_against_torch():
     px = [pf.tensor(v, requires_grad=True) for v in (x, w, b)]
     tx = [torch.tensor(v, requires_grad=True) for v in (x, w, b)]
     out, ref = pf.linear(*px), torch.nn.functional.linear(*tx)
-    assert_close(out, ref.detach().numpy(), rtol=1e-5, atol=1e-5)
+    assert_close(out, ref.detach().cpu().numpy(), rtol=1e-5, atol=1e-5)
     out.sum().backward()
     ref.sum().backward()
     for p, t in zip(px, tx):
-        assert_close(p.grad, t.grad.numpy(), rtol=1e-5, atol=1e-5)
+        assert_close(p.grad, t.grad.cpu().numpy(), rtol=1e-5, atol=1e-5)
     c, p, q = (rng.standard_normal(s).astype(np.float32) for s in ((3, 1), (2, 3, 4), (2, 4, 2)))
     assert_close(pf.baddbmm(pf.tensor(c), pf.tensor(p), pf.tensor(q), beta=0.5, alpha=2),
                  torch.baddbmm(torch.tensor(c), torch.tensor(p), torch.tensor(q), beta=0.5,
-                               alpha=2).numpy(), rtol=1e-5, atol=1e-5)
+                               alpha=2).cpu().numpy(), rtol=1e-5, atol=1e-5)

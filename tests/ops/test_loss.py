@@ -252,11 +252,11 @@ def test_cross_entropy_against_torch(shape, weighted, smoothing, reduction):
     ref = torch.nn.functional.cross_entropy(ta, torch.tensor(t), None if w is None else
                                             torch.tensor(w), ignore_index=1, reduction=reduction,
                                             label_smoothing=smoothing)
-    assert_close(out, ref.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert_close(out, ref.detach().cpu().numpy(), rtol=1e-5, atol=1e-6)
     g = rng.standard_normal(tuple(ref.shape)).astype(np.float32)
     out.backward(pf.tensor(g))
     ref.backward(torch.tensor(g))
-    assert_close(a.grad, ta.grad.numpy(), rtol=1e-4, atol=1e-6)
+    assert_close(a.grad, ta.grad.cpu().numpy(), rtol=1e-4, atol=1e-6)
 
 
 @needs_torch
@@ -273,8 +273,8 @@ def test_probability_targets_against_torch(smoothing):
     out.backward()
     ref.backward()
     assert_close(out, ref.item(), rtol=1e-5)
-    assert_close(a.grad, ta.grad.numpy(), rtol=1e-4, atol=1e-6)
-    assert_close(b.grad, tb.grad.numpy(), rtol=1e-4, atol=1e-6)
+    assert_close(a.grad, ta.grad.cpu().numpy(), rtol=1e-4, atol=1e-6)
+    assert_close(b.grad, tb.grad.cpu().numpy(), rtol=1e-4, atol=1e-6)
 
 
 @needs_torch
@@ -293,7 +293,7 @@ def test_nll_mse_l1_against_torch():
     out.backward()
     ref.backward()
     assert_close(out, ref.item(), rtol=1e-5)
-    assert_close(a.grad, ta.grad.numpy(), rtol=1e-4, atol=1e-6)
+    assert_close(a.grad, ta.grad.cpu().numpy(), rtol=1e-4, atol=1e-6)
 
 
 @needs_torch
@@ -310,9 +310,9 @@ def test_bce_with_logits_against_torch(reduction):
                                               pos_weight=ours[3])
     ref = torch.nn.functional.binary_cross_entropy_with_logits(
         theirs[0], theirs[1], theirs[2], reduction=reduction, pos_weight=theirs[3])
-    assert_close(out, ref.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert_close(out, ref.detach().cpu().numpy(), rtol=1e-5, atol=1e-6)
     out.sum().backward()
     ref.sum().backward()
     for o, t in zip(ours, theirs):
         if t.requires_grad:    # PyTorch has none for weight, pos_weight (ours: checked above)
-            assert_close(o.grad, t.grad.numpy(), rtol=1e-4, atol=1e-5)
+            assert_close(o.grad, t.grad.cpu().numpy(), rtol=1e-4, atol=1e-5)

@@ -77,7 +77,7 @@ def test_layer_norm_half_types(dt):
     w = pf.ones(8, dtype=dt, requires_grad=True)
     out = pf.layer_norm(t, [8], w)
     assert out.dtype is dt
-    assert_close(out.float(), np_layer_norm(t.detach().float().numpy().astype(np.float64), 1),
+    assert_close(out.float(), np_layer_norm(t.detach().float().cpu().numpy().astype(np.float64), 1),
                  rtol=2e-2, atol=2e-2)
     out.sum().backward()
     assert t.grad.dtype is dt and w.grad.dtype is dt
@@ -167,7 +167,7 @@ def test_batch_norm_half_types(dt):
                   requires_grad=True)
     out = pf.batch_norm(x, pf.zeros(2, dtype=dt), pf.ones(2, dtype=dt), training=True)
     assert out.dtype is dt
-    xr = x.detach().float().numpy().astype(np.float64)
+    xr = x.detach().float().cpu().numpy().astype(np.float64)
     assert_close(out.float(), np_batch_norm(xr, *batch_stats(xr)), rtol=2e-2, atol=2e-2)
     out.sum().backward()
     assert x.grad.dtype is dt
@@ -220,9 +220,9 @@ def test_layer_norm_against_torch(affine):
     ref = torch.nn.functional.layer_norm(theirs[0], (3, 10), *(theirs[1:] if affine else (None, None)))
     out.backward(pf.tensor(g))
     ref.backward(torch.tensor(g))
-    assert_close(out, ref.detach().numpy(), rtol=1e-5, atol=1e-5)
+    assert_close(out, ref.detach().cpu().numpy(), rtol=1e-5, atol=1e-5)
     for o, t in zip(ours[:3 if affine else 1], theirs):
-        assert_close(o.grad, t.grad.numpy(), rtol=1e-4, atol=1e-4)
+        assert_close(o.grad, t.grad.cpu().numpy(), rtol=1e-4, atol=1e-4)
 
 
 @needs_torch
@@ -244,8 +244,8 @@ def test_batch_norm_against_torch_over_several_steps(shape):
                                              training, 0.3, 1e-4)
         out.backward(pf.tensor(g))
         ref.backward(torch.tensor(g))
-        assert_close(out, ref.detach().numpy(), rtol=1e-4, atol=1e-5)
+        assert_close(out, ref.detach().cpu().numpy(), rtol=1e-4, atol=1e-5)
         for o, t in zip(ours, theirs):
-            assert_close(o.grad, t.grad.numpy(), rtol=1e-4, atol=1e-4)
-        assert_close(rm, trm.numpy(), rtol=1e-5, atol=1e-6)
-        assert_close(rv, trv.numpy(), rtol=1e-5, atol=1e-6)
+            assert_close(o.grad, t.grad.cpu().numpy(), rtol=1e-4, atol=1e-4)
+        assert_close(rm, trm.cpu().numpy(), rtol=1e-5, atol=1e-6)
+        assert_close(rv, trv.cpu().numpy(), rtol=1e-5, atol=1e-6)

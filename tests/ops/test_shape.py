@@ -15,10 +15,10 @@ def _shares(view, base):
         return False
     if view.numel() == 0:
         return True
-    before = base.detach().numpy().copy()
+    before = base.detach().cpu().numpy().copy()
     view.fill_(123.0)
-    shared = not np.array_equal(base.detach().numpy(), before)
-    base.detach().numpy()[...] = before
+    shared = not np.array_equal(base.detach().cpu().numpy(), before)
+    base.detach().cpu().numpy()[...] = before
     return shared
 
 
@@ -173,9 +173,9 @@ def test_view_chain_matches_torch(data):
     tx = torch.tensor(x, requires_grad=True)
     px = pf.tensor(x, requires_grad=True)
     ref, out = chain(tx), chain(px)
-    assert_close(out, ref.detach().numpy(), rtol=0, atol=0)
+    assert_close(out, ref.detach().cpu().numpy(), rtol=0, atol=0)
     assert out.is_contiguous() == ref.is_contiguous()
     w = rng.standard_normal(tuple(ref.shape))
     ref.backward(torch.tensor(w))
     out.backward(pf.tensor(w))
-    assert_close(px.grad, tx.grad.numpy())
+    assert_close(px.grad, tx.grad.cpu().numpy())

@@ -66,12 +66,12 @@ def test_float32_matches_float64_reference(name, shape, dim):
 def test_infinities_large_values_and_nan(dt):
     x = pf.tensor([[0.0, -np.inf, 1.0, -np.inf], [1000.0, 999.0, -1000.0, 0.0],
                    [-np.inf] * 4, [np.nan, 0.0, 1.0, 2.0]], dtype=dt)
-    y = pf.softmax(x, 1).numpy()
+    y = pf.softmax(x, 1).cpu().numpy()
     assert_close(y[0], np_softmax(np.array([0.0, -np.inf, 1.0, -np.inf]), 0), rtol=1e-6)
     assert y[0, 1] == 0.0 and y[0, 3] == 0.0          # exactly zero, like PyTorch
     assert_close(y[1], np_softmax(np.array([1000.0, 999.0, -1000.0, 0.0]), 0), rtol=1e-6)
     assert np.isnan(y[2]).all() and np.isnan(y[3]).all()
-    ly = pf.log_softmax(x, 1).numpy()
+    ly = pf.log_softmax(x, 1).cpu().numpy()
     assert ly[0, 1] == -np.inf and np.isfinite(ly[1]).all()
     assert_close(ly[1], np_log_softmax(np.array([1000.0, 999.0, -1000.0, 0.0]), 0), rtol=1e-6)
 
@@ -84,7 +84,7 @@ def test_half_types_compute_in_float32(dt, name):
     t = pf.tensor(x, dtype=dt, requires_grad=True)
     y = pf_fn(t, -1)
     assert y.dtype is dt
-    xr = t.detach().float().numpy().astype(np.float64)  # the rounded input
+    xr = t.detach().float().cpu().numpy().astype(np.float64)  # the rounded input
     assert_close(y.float(), np_fn(xr, -1), rtol=2e-2, atol=1e-2)
     y.sum().backward()
     assert t.grad.dtype is dt
@@ -138,5 +138,5 @@ def test_against_torch(name, shape, dim):
     tt = torch.tensor(x, requires_grad=True)
     ty = getattr(torch, name)(tt, dim)
     ty.backward(torch.tensor(g))
-    assert_close(y, ty.detach().numpy(), rtol=1e-5, atol=1e-6)
-    assert_close(t.grad, tt.grad.numpy(), rtol=1e-4, atol=1e-6)
+    assert_close(y, ty.detach().cpu().numpy(), rtol=1e-5, atol=1e-6)
+    assert_close(t.grad, tt.grad.cpu().numpy(), rtol=1e-4, atol=1e-6)

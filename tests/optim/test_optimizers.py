@@ -42,7 +42,7 @@ def _run_pair(make_pf, make_torch, dtype=np.float32, steps=STEPS, groups=None):
 
 def _assert_same(pps, tps, rtol=1e-6, atol=1e-7):
     for i, (p, t) in enumerate(zip(pps, tps)):
-        assert_close(p, t.detach().numpy(), rtol=rtol, atol=atol, msg=f"param {i}")
+        assert_close(p, t.detach().cpu().numpy(), rtol=rtol, atol=atol, msg=f"param {i}")
 
 
 SGD_CASES = {
@@ -85,7 +85,7 @@ def test_adam_matches_torch(cls, case, dtype):
         ps, ts = popt.state[p], topt.state[t]
         assert sorted(ps) == sorted(ts)
         assert ps["step"].item() == ts["step"].item() == STEPS
-        assert_close(ps["exp_avg_sq"], ts["exp_avg_sq"].numpy(), rtol=1e-6, atol=1e-12)
+        assert_close(ps["exp_avg_sq"], ts["exp_avg_sq"].cpu().numpy(), rtol=1e-6, atol=1e-12)
 
 
 @needs_torch
@@ -109,7 +109,7 @@ def test_random_shapes_and_hyperparameters_match_torch(shape, seed, name, lr, wd
         p.grad, t.grad = pf.tensor(g), torch.tensor(g)
         popt.step()
         topt.step()
-    assert_close(p, t.detach().numpy(), rtol=1e-5 if not double else 1e-12,
+    assert_close(p, t.detach().cpu().numpy(), rtol=1e-5 if not double else 1e-12,
                  atol=1e-6 if not double else 1e-14)
 
 
@@ -131,7 +131,7 @@ def test_adamw_decoupled_differs_from_adam_l2():
     kw = dict(lr=0.01, weight_decay=0.5)
     a, _, _, _ = _run_pair(lambda p: pf.optim.Adam(p, **kw), lambda p: torch.optim.Adam(p, **kw))
     w, _, _, _ = _run_pair(lambda p: pf.optim.AdamW(p, **kw), lambda p: torch.optim.AdamW(p, **kw))
-    assert not np.allclose(a[0].detach().numpy(), w[0].detach().numpy())
+    assert not np.allclose(a[0].detach().cpu().numpy(), w[0].detach().cpu().numpy())
 
 
 def test_params_without_grad_are_skipped_and_get_no_state():
@@ -141,7 +141,7 @@ def test_params_without_grad_are_skipped_and_get_no_state():
     opt.step()
     assert q not in opt.state and len(opt.state[p]) == 3
     assert_close(q, np.ones(3))
-    assert (p.detach().numpy() < 1).all()
+    assert (p.detach().cpu().numpy() < 1).all()
 
 
 def test_step_bumps_version_and_updates_in_place():
@@ -176,7 +176,7 @@ def test_zero_grad():
     opt = pf.optim.SGD([p], lr=0.1)
     p.grad = pf.ones(3)
     opt.zero_grad(set_to_none=False)
-    assert p.grad is not None and (p.grad.numpy() == 0).all()
+    assert p.grad is not None and (p.grad.cpu().numpy() == 0).all()
     opt.zero_grad()
     assert p.grad is None
 
@@ -228,7 +228,7 @@ def test_state_dict_round_trip_continues_like_an_uninterrupted_run(name, kw, tmp
 
     straight, resumed = run(None), run(3)
     for a, b in zip(straight, resumed):
-        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
+        np.testing.assert_array_equal(a.detach().cpu().numpy(), b.detach().cpu().numpy())
     # the layout is torch's: torch can load ours
     ps, tps = run(None), [torch.tensor(x, requires_grad=True) for x in init]
     opt = getattr(pf.optim, name)(ps, **kw)

@@ -30,7 +30,7 @@ def test_batches_cover_the_dataset_in_order(n, batch_size, drop_last):
     for x, y in batches:
         assert x.dtype is pf.float32 and y.dtype is pf.int64
         assert tuple(x.shape) == (len(y), 3)
-        assert_close(x, np.arange(3)[None, :] + 3 * y.numpy()[:, None])
+        assert_close(x, np.arange(3)[None, :] + 3 * y.cpu().numpy()[:, None])
 
 
 def test_shuffle_is_a_permutation_reproducible_from_the_seed():
@@ -182,7 +182,7 @@ def test_batches_equal_torch_dataloader_without_shuffle():
     theirs = list(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.tensor(x)),
                                               batch_size=4))
     for (a,), (b,) in zip(ours, theirs):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
+        np.testing.assert_array_equal(a.cpu().numpy(), b.cpu().numpy())
 
 
 @pytest.mark.skipif(not hasattr(pf, "stack"), reason="pyflow.stack not built yet")
