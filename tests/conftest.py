@@ -12,6 +12,8 @@ settings.register_profile("ci", max_examples=25, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=10, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("sim", max_examples=3, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # PYFLOW_TEST_DEVICE=cuda (with NUMBA_ENABLE_CUDASIM=1 and no GPU) runs the op

@@ -196,6 +196,7 @@ def test_against_torch():
         assert_close(xp.grad, tx.grad.cpu().numpy(), rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.cpu_only   # the CPU backend's own float32 loops, at sizes the simulator can't run
 @pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu", "sigmoid"])
 @pytest.mark.parametrize("size", [37, 70_001])   # serial and parallel fast loops
 def test_float32_fast_activation_loops(name, size):
