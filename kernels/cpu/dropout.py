@@ -1,13 +1,116 @@
-"""Dropout's masked scaling (numba): out = x * keep * scale, fused in one pass.
+"""Dropout (numba): a mask drawn from counter-based random numbers, and the
+masked scaling the backward applies with it.
 
-The keep mask itself is drawn by the op from a ``pyflow.random`` generator, so
-the same seed gives the same mask on every backend; the backward is this same
-kernel applied to the gradient.
+``dropout_philox(x, p, seed, offset)`` draws the keep mask where the data is,
+fused with the scaling, and returns ``(x * keep / (1 - p), keep)``.  Element
+``e`` (C order of ``x``'s logical shape) takes 32 random bits from
+Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
+SC'11; the generator of cuRAND and of PyTorch's CUDA dropout) at
+
+    key     = (seed & 0xffffffff, seed >> 32)
+    counter = (e // 4 low word, e // 4 high word, offset low word, offset high word)
+
+and uses output word ``e % 4``; it is kept when ``u = (bits >> 8) * 2**-24``
+(a float32 uniform in [0, 1), exact) is ``>= p`` (p rounded to float32).
+
+Why this scheme: the mask is a pure function of (seed, offset, element index).
+So no host draw and no host->device copy of a mask are needed on a GPU, every
+element can be drawn independently (any thread layout, ``prange`` here, any
+grid on the GPU), and the CUDA kernel, which runs the very same ``philox4x32``
+function below compiled as a device function, gives bit-identical masks for
+one seed on every device.  The op takes a fresh 64-bit seed from a
+``pyflow.random`` generator per call, so ``manual_seed`` makes runs
+reproducible; ``offset`` lets a caller draw several masks from one seed.
+
+``dropout(x, keep, scale)`` is the masked scaling alone (``x * keep * scale``):
+the backward applies it to the gradient with the forward's mask.  Dropped
+elements are ``x * 0``, so NaN stays NaN, as in PyTorch.
 """
 import numpy as np
 from numba import njit, prange
 
 from ..registry import register
+
+# Philox-4x32 constants (Random123): round multipliers and Weyl key increments.
+_M0 = np.uint64(0xD2511F53)
+_M1 = np.uint64(0xCD9E8D57)
+_W0 = np.uint64(0x9E3779B9)
+_W1 = np.uint64(0xBB67AE85)
+_LO32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+_S8 = np.uint32(8)
+_TWO_M24 = np.float32(2.0 ** -24)
+ROUNDS = 10
+
+
+def philox4x32(c0, c1, c2, c3, k0, k1):
+    """Philox-4x32-10 of counter (c0..c3) under key (k0, k1); all uint32.
+
+    Plain Python on NumPy scalars, so the same source runs as Python, as a numba
+    CPU function and as a CUDA device function.  32x32->64-bit products give the
+    hi/lo halves (no mulhi intrinsic needed); every constant is typed uint64 so
+    numba never mixes signed and unsigned (which would promote to float64)."""
+    for _ in range(ROUNDS):
+        p0 = _M0 * np.uint64(c0)
+        p1 = _M1 * np.uint64(c2)
+        n0 = np.uint32((p1 >> _S32) ^ np.uint64(c1) ^ np.uint64(k0))
+        n1 = np.uint32(p1 & _LO32)
+        n2 = np.uint32((p0 >> _S32) ^ np.uint64(c3) ^ np.uint64(k1))
+        n3 = np.uint32(p0 & _LO32)
+        c0, c1, c2, c3 = n0, n1, n2, n3
+        k0 = np.uint32((np.uint64(k0) + _W0) & _LO32)
+        k1 = np.uint32((np.uint64(k1) + _W1) & _LO32)
+    return c0, c1, c2, c3
+
+
+_philox = njit(nogil=True, cache=True)(philox4x32)
+
+
+def philox_words(counter, key):
+    """The four output words of Philox-4x32-10 as Python ints, computed by the
+    compiled function the CPU kernel uses (for known-answer tests)."""
+    return [int(w) for w in _philox(*(np.uint32(c) for c in counter),
+                                    *(np.uint32(k) for k in key))]
+
+
+def key_words(value, what):
+    """A 64-bit seed or offset as its (low, high) uint32 words."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"dropout_philox: {what} must be an int, got {type(value).__name__}")
+    v = int(value)
+    if not 0 <= v < 1 << 64:
+        raise ValueError(f"dropout_philox: {what} must be in [0, 2**64), got {v}")
+    return np.uint32(v & 0xFFFFFFFF), np.uint32(v >> 32)
+
+
+def check_probability(p):
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.integer, np.floating)) \
+            or not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout_philox: probability has to be between 0 and 1, but got {p}")
+    return 0.0 if p == 1.0 else 1.0 / (1.0 - p)     # p == 1 drops all: u < 1 always
+
+
+@njit(inline="always")
+def _keep_one(x, out, keep, e, bits, p, scale, zero):
+    k = np.float32(bits >> _S8) * _TWO_M24 >= p
+    keep[e] = k
+    out[e] = x[e] * (scale if k else zero)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _dropout_philox(x, p, scale, zero, k0, k1, o0, o1, out, keep):
+    """One Philox call per group of 4 elements (its 4 words), groups in parallel."""
+    n = x.size
+    for g in prange((n + 3) // 4):
+        r0, r1, r2, r3 = _philox(np.uint32(g & 0xFFFFFFFF), np.uint32(g >> 32), o0, o1, k0, k1)
+        e = 4 * g
+        _keep_one(x, out, keep, e, r0, p, scale, zero)
+        if e + 1 < n:
+            _keep_one(x, out, keep, e + 1, r1, p, scale, zero)
+        if e + 2 < n:
+            _keep_one(x, out, keep, e + 2, r2, p, scale, zero)
+        if e + 3 < n:
+            _keep_one(x, out, keep, e + 3, r3, p, scale, zero)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -16,9 +119,42 @@ def _masked_scale(x, keep, scale, out):
         out[i] = x[i] * (scale if keep[i] else 0.0)   # like PyTorch: NaN * 0 stays NaN
 
 
+def _check_float(x, op):
+    if x.dtype not in (np.float16, np.float32, np.float64):
+        raise TypeError(f"{op}: expected a floating point array (float16, float32, float64), "
+                        f"got {x.dtype}")
+
+
+@register("dropout_philox", "cpu")
+def dropout_philox(x, p, seed, offset=0):
+    """(x * keep / (1 - p), keep) with ``keep`` (bool, x's shape) drawn from
+    Philox-4x32-10 at (seed, offset); see the module docstring."""
+    _check_float(x, "dropout_philox")
+    scale = check_probability(p)
+    k0, k1 = key_words(seed, "seed")
+    o0, o1 = key_words(offset, "offset")
+    dtype = x.dtype
+    if dtype == np.float16:
+        # numba has no float16 math on the CPU: compute in float32 with the scale
+        # rounded to float16, which rounds like the device's float16 product
+        # (x * scale is exact in float32, then one rounding to float16).
+        scale = np.float16(scale)
+    xc = np.ascontiguousarray(x, np.float32 if dtype == np.float16 else dtype)
+    out = np.empty(x.shape, xc.dtype)
+    keep = np.empty(x.shape, np.bool_)
+    if out.size:
+        _dropout_philox(xc.reshape(-1), np.float32(p), xc.dtype.type(scale), xc.dtype.type(0),
+                        k0, k1, o0, o1, out.reshape(-1), keep.reshape(-1))
+    return (out if dtype == xc.dtype else out.astype(dtype)), keep
+
+
 @register("dropout", "cpu")
 def dropout(x, keep, scale):
     """x * keep * scale; x and keep (bool) have the same shape."""
+    _check_float(x, "dropout")
+    if tuple(keep.shape) != tuple(x.shape):
+        raise ValueError(f"dropout: keep mask of shape {tuple(keep.shape)} does not match x of "
+                         f"shape {tuple(x.shape)}")
     x = np.ascontiguousarray(x)
     out = np.empty(x.shape, x.dtype)
     _masked_scale(x.reshape(-1), np.ascontiguousarray(keep).reshape(-1), x.dtype.type(scale),

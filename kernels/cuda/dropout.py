@@ -1,35 +1,39 @@
-"""Dropout on the GPU: the masked scaling the op calls, and a fused kernel that
-draws the mask itself from counter-based random numbers.
+"""Dropout on the GPU: a fused kernel that draws the keep mask on the device
+from counter-based random numbers, and the masked scaling the backward uses.
 
-``dropout(x, keep, scale)`` (registered, the CPU kernel's signature): the op
-draws ``keep`` on the host from a ``pyflow.random`` generator (NumPy's Philox)
-and this kernel applies it, so CPU and CUDA give bit-identical masks for one
-seed.  The price is a host-side draw and a host->device copy of the mask.
-
-``dropout_philox(x, p, seed, offset)`` (not registered: the CPU backend has no
-counterpart yet) draws the mask on the device, with no transfer: element ``e``
+``dropout_philox(x, p, seed, offset=0)`` (registered; the CPU kernel's
+signature, plus a keyword-only ``launch`` override for tests) returns
+``(x * keep / (1 - p), keep)``.  Element ``e`` (C order of x's logical shape)
 takes 32 random bits from Philox-4x32-10 (Salmon et al., SC'11; the generator
 of cuRAND and PyTorch's CUDA dropout) at
 
     key     = (seed & 0xffffffff, seed >> 32)
     counter = (e // 4 low word, e // 4 high word, offset low word, offset high word)
 
-and uses output word ``e % 4``.  The mask is a pure function of (seed, offset,
-element index): the same seed gives the same mask for any grid or block size,
-and a caller advances ``offset`` (like PyTorch's philox offset) so successive
-calls with one seed differ.  These masks are NOT the bits of the CPU path
-(NumPy's Philox is the 4x64 variant, drawn in a different order); each path is
-reproducible from its own seed.  An element is kept when
-``u = (bits >> 8) * 2**-24`` (a float32 uniform in [0, 1)) is ``>= p``, the
-same comparison the op makes with its float32 draw.
+and uses output word ``e % 4``; it is kept when ``u = (bits >> 8) * 2**-24``
+(a float32 uniform in [0, 1)) is ``>= p``.  One thread handles a group of 4
+elements with one Philox call.
 
-Like the CPU kernel, dropped elements are ``x * 0`` (NaN stays NaN, as in
-PyTorch).  float32 data is computed in float32 (no float64 literal reaches
-the kernel: zero and scale come in as arguments of the data's dtype).
+Why: the mask is a pure function of (seed, offset, element index), so nothing
+is drawn on the host and no mask crosses the bus (the op used to draw it with
+NumPy and upload it), the result does not depend on the grid or block size,
+and the round function is the CPU backend's ``philox4x32`` (kernels/cpu/
+dropout.py) compiled as a device function, so one seed gives bit-identical
+masks on cpu and cuda.  The op takes a fresh 64-bit seed from its generator
+per call; ``offset`` (like PyTorch's philox offset) lets one seed give several
+masks.
+
+``dropout(x, keep, scale)`` applies a mask the op already has (the backward:
+the gradient times the forward's mask and scale).  Like the CPU kernels,
+dropped elements are ``x * 0`` (NaN stays NaN, as in PyTorch).  float32 data is
+computed in float32 (no float64 literal reaches the kernels: zero and scale
+come in as arguments of the data's dtype).
 """
 import numpy as np
 from numba import cuda
 
+from ..cpu.dropout import check_probability, key_words
+from ..cpu.dropout import philox4x32 as _philox4x32   # one round function for both backends
 from ..registry import register
 from ._memory import empty, launch_config, stream, to_host
 from .copy import contiguous, describe, read_only, size_of
@@ -37,32 +41,8 @@ from .index import on_device
 
 _FLOATS = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64))
 
-# Philox-4x32 constants (Random123): round multipliers and Weyl key increments.
-_M0 = np.uint64(0xD2511F53)
-_M1 = np.uint64(0xCD9E8D57)
-_W0 = np.uint64(0x9E3779B9)
-_W1 = np.uint64(0xBB67AE85)
-_LO32 = np.uint64(0xFFFFFFFF)
-_S32 = np.uint64(32)
 _S8 = np.uint32(8)
 _TWO_M24 = np.float32(2.0 ** -24)
-ROUNDS = 10
-
-
-def _philox4x32(c0, c1, c2, c3, k0, k1):
-    """Philox-4x32-10 of counter (c0..c3) under key (k0, k1); all uint32.
-    32x32->64-bit products give the hi/lo halves (no mulhi intrinsic needed)."""
-    for _ in range(ROUNDS):
-        p0 = _M0 * np.uint64(c0)
-        p1 = _M1 * np.uint64(c2)
-        n0 = np.uint32((p1 >> _S32) ^ np.uint64(c1) ^ np.uint64(k0))
-        n1 = np.uint32(p1 & _LO32)
-        n2 = np.uint32((p0 >> _S32) ^ np.uint64(c3) ^ np.uint64(k1))
-        n3 = np.uint32(p0 & _LO32)
-        c0, c1, c2, c3 = n0, n1, n2, n3
-        k0 = np.uint32((np.uint64(k0) + _W0) & _LO32)
-        k1 = np.uint32((np.uint64(k1) + _W1) & _LO32)
-    return c0, c1, c2, c3
 
 
 # ------------------------------------------------------------------ kernel factories
@@ -127,13 +107,6 @@ def _check_float(x, op):
     return dtype
 
 
-def _split64(v, what):
-    v = int(v)
-    if not 0 <= v < 1 << 64:
-        raise ValueError(f"dropout_philox: {what} must be in [0, 2**64), got {v}")
-    return np.uint32(v & 0xFFFFFFFF), np.uint32(v >> 32)
-
-
 # ------------------------------------------------------------------ kernels
 @register("dropout", "cuda")
 def dropout(x, keep, scale):
@@ -153,22 +126,21 @@ def dropout(x, keep, scale):
     return out
 
 
+@register("dropout_philox", "cuda")
 def dropout_philox(x, p, seed, offset=0, *, launch=None):
     """(x * keep / (1 - p), keep) with ``keep`` drawn on the device from
     Philox-4x32-10 at (seed, offset) (see the module docstring).  ``launch``
     overrides (blocks, threads); the mask does not depend on it."""
     dtype = _check_float(x, "dropout_philox")
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout_philox: probability has to be between 0 and 1, but got {p}")
+    scale = check_probability(p)
+    k0, k1 = key_words(seed, "seed")
+    o0, o1 = key_words(offset, "offset")
     shape = tuple(describe(x)[0])
     out = empty(shape, dtype, x)
     keep = empty(shape, np.bool_, x)
     n = size_of(out)
     if n == 0:
         return out, keep
-    k0, k1 = _split64(seed, "seed")
-    o0, o1 = _split64(offset, "offset")
-    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)   # p == 1 drops all: u < 1 always
     blocks, threads = launch_config(-(-n // 4)) if launch is None else launch
     xc = contiguous(x).reshape(-1)
     _jit("dropout_philox")[blocks, threads, stream()](

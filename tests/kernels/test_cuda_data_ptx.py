@@ -76,7 +76,8 @@ def _specs():
         add(embedding, "scatter_add_rows_scaled", (a(t), a(t), a(I64), i64, i64, a(I64)),
             f"scatter_add_rows_scaled {t}")
     add(embedding, "count_rows", (a(I64), a(I64)))
-    # dropout
+    # dropout: masked_scale is the registered ``dropout``, dropout_philox the registered
+    # ``dropout_philox`` (mask drawn on the device), philox_words its known-answer kernel
     for t in [F16, F32, F64]:
         add(dropout, "masked_scale", (a(t), a(t), a(B), t, t), f"masked_scale {t}")
         add(dropout, "dropout_philox", (a(t), a(B), a(t), i64, F32, t, t, W32, W32, W32, W32),

@@ -10,6 +10,31 @@ from tests.helpers import assert_close, check_grad, layouts, make_input, needs_t
 
 
 # ------------------------------------------------------------------ dropout
+M0, M1, W0, W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
+
+
+def philox_mask_reference(n, p, seed, offset=0):
+    """The keep mask of the documented scheme, in vectorized NumPy: element e
+    uses word e % 4 of Philox-4x32-10((e//4, 0, offset lo, offset hi), (seed lo,
+    seed hi)) and is kept when float32((bits >> 8) * 2**-24) >= float32(p)."""
+    lo = np.uint64(0xFFFFFFFF)
+    c = [np.arange((n + 3) // 4, dtype=np.uint64), np.zeros((n + 3) // 4, np.uint64),
+         np.full((n + 3) // 4, offset & 0xFFFFFFFF, np.uint64),
+         np.full((n + 3) // 4, offset >> 32, np.uint64)]
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)
+    for _ in range(10):
+        p0, p1 = np.uint64(M0) * c[0], np.uint64(M1) * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & lo, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & lo]
+        k0, k1 = (k0 + np.uint64(W0)) & lo, (k1 + np.uint64(W1)) & lo
+    bits = np.stack(c, axis=1).reshape(-1)[:n]
+    return (bits >> np.uint64(8)).astype(np.float32) * np.float32(2.0 ** -24) >= np.float32(p)
+
+
+def next_seed(gen):
+    """The 64-bit seed dropout takes from ``gen`` (one draw per call)."""
+    return int(gen.numpy.integers(0, 1 << 64, dtype=np.uint64))
+
+
 @given(data=st.data())
 def test_dropout_keeps_and_scales(data):
     shape = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple))
@@ -26,17 +51,60 @@ def test_dropout_keeps_and_scales(data):
     assert_close(tx.grad, np.where(kept, g / (1 - p), 0.0), rtol=1e-12)
 
 
+@given(data=st.data())
+def test_dropout_mask_is_philox_of_the_generator_seed(data):
+    """The mask is a function of the logical element index and the seed drawn
+    from the generator only: not of the layout, the dtype or the device."""
+    shape = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple))
+    p = data.draw(st.sampled_from([0.0625, 0.3, 0.75]))
+    s = data.draw(st.integers(0, 2**64 - 1))
+    rng = np.random.default_rng(s % 2**32)
+    x, tx = make_input(rng, shape, data.draw(layouts()), low=0.5, high=2.0)
+    out = pf.dropout(tx, p, generator=pf.Generator().manual_seed(s))
+    want = philox_mask_reference(x.size, p, next_seed(pf.Generator().manual_seed(s)))
+    assert np.array_equal(out.cpu().numpy().reshape(-1) != 0, want)
+    half = pf.dropout(pf.tensor(x, dtype=pf.float16), p, generator=pf.Generator().manual_seed(s))
+    assert np.array_equal(half.float().cpu().numpy().reshape(-1) != 0, want)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_keep_rate_is_binomial(p):
+    n = 20000
+    kept = (pf.dropout(pf.ones(n), p, generator=pf.Generator().manual_seed(11)).cpu().numpy()
+            != 0).mean()
+    sigma = np.sqrt(p * (1 - p) / n)             # binomial standard deviation of the rate
+    assert abs(kept - (1 - p)) < 5 * sigma, (kept, 1 - p, sigma)
+
+
 def test_dropout_fraction_and_generator():
     x = pf.ones(200, 100)
     gen = pf.Generator().manual_seed(3)
     a = pf.dropout(x, 0.3, generator=gen)
-    assert abs((a.cpu().numpy() != 0).mean() - 0.7) < 0.01         # 20000 draws: sd 0.003
+    assert abs((a.cpu().numpy() != 0).mean() - 0.7) < 5 * np.sqrt(0.21 / x.numel())
+    assert not pf.equal(a, pf.dropout(x, 0.3, generator=gen))    # the generator advanced
     gen.manual_seed(3)
     assert pf.equal(a, pf.dropout(x, 0.3, generator=gen))
     pf.manual_seed(5)
     b = pf.dropout(x, 0.3)
+    state = pf.get_rng_state()
+    c = pf.dropout(x, 0.3)
     pf.manual_seed(5)
     assert pf.equal(b, pf.dropout(x, 0.3)) and not pf.equal(a, b)
+    pf.set_rng_state(state)
+    assert pf.equal(c, pf.dropout(x, 0.3)) and not pf.equal(b, c)
+
+
+def test_dropout_gradient_is_mask_times_scale_and_double_backward():
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((3, 4))
+    # a fresh generator per call: the same mask each time, so dropout is linear in t
+    check_grad(lambda t: pf.dropout(t, 0.4, generator=pf.Generator().manual_seed(9)), [w])
+    t = pf.tensor(w, requires_grad=True)
+    out = pf.dropout(t, 0.4, generator=pf.Generator().manual_seed(9))
+    (g,) = pf.autograd.grad(out.sum(), t, create_graph=True)
+    keep = philox_mask_reference(12, 0.4, next_seed(pf.Generator().manual_seed(9))).reshape(3, 4)
+    assert_close(g, np.where(keep, 1 / 0.6, 0.0), rtol=1e-12)
+    assert_close(out, np.where(keep, w / 0.6, 0.0), rtol=1e-12)
 
 
 def test_dropout_special_cases():
@@ -47,8 +115,13 @@ def test_dropout_special_cases():
     assert z.tolist() == [0.0, 0.0, 0.0]
     z.sum().backward()
     assert x.grad.tolist() == [0.0, 0.0, 0.0]
+    nan = pf.dropout(pf.tensor([float("nan"), 1.0]), 1.0).cpu().numpy()
+    assert np.isnan(nan[0]) and nan[1] == 0.0          # like PyTorch: NaN * 0
+    assert pf.dropout(pf.ones(0, 3), 0.5).shape == (0, 3)
     h = pf.dropout(pf.ones(4, 4, dtype=pf.bfloat16), 0.5)
     assert h.dtype is pf.bfloat16 and set(np.unique(h.float().cpu().numpy())) <= {0.0, 2.0}
+    f = pf.dropout(pf.ones(4, 4, dtype=pf.float16, requires_grad=True), 0.5)
+    assert f.dtype is pf.float16 and set(np.unique(f.detach().float().cpu().numpy())) <= {0.0, 2.0}
 
 
 def test_dropout_inplace():
@@ -62,6 +135,10 @@ def test_dropout_inplace():
     assert_close(w.grad, h.detach().cpu().numpy())  # grad is mask * 2 = the output itself
     with pytest.raises(RuntimeError, match="leaf Variable"):
         pf.dropout(w, 0.5, inplace=True)
+    b = pf.ones(8, dtype=pf.bfloat16)
+    pf.dropout(b, 0.5, inplace=True, generator=pf.Generator().manual_seed(4))
+    want = pf.dropout(pf.ones(8), 0.5, generator=pf.Generator().manual_seed(4))
+    assert b.dtype is pf.bfloat16 and pf.equal(b.float(), want)
 
 
 def test_dropout_errors():
@@ -69,10 +146,25 @@ def test_dropout_errors():
         pf.dropout(pf.ones(3), 1.5)
     with pytest.raises(ValueError, match="between 0 and 1"):
         pf.dropout(pf.ones(3), -0.1)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        pf.dropout(pf.ones(3), float("nan"))
     with pytest.raises(RuntimeError, match="floating point"):
         pf.dropout(pf.tensor([1, 2]), 0.5)
     with pytest.raises(TypeError, match="Generator"):
         pf.dropout(pf.ones(3), 0.5, generator=np.random.default_rng())
+
+
+@needs_torch
+def test_dropout_matches_torch_semantics():
+    """Masks differ (another generator); scale, zeros and rate match PyTorch."""
+    x = np.linspace(0.5, 2.0, 4000).astype(np.float32)
+    ours = pf.dropout(pf.tensor(x), 0.2).cpu().numpy()
+    torch.manual_seed(0)
+    theirs = torch.nn.functional.dropout(torch.tensor(x), 0.2).numpy()
+    for y in (ours, theirs):
+        kept = y != 0
+        assert_close(y[kept], x[kept] / np.float32(0.8), rtol=1e-6)
+        assert abs(kept.mean() - 0.8) < 5 * np.sqrt(0.16 / x.size)
 
 
 # ------------------------------------------------------------------ embedding
