@@ -1,0 +1,223 @@
+"""Runtime: build live actors and stream threads from a TaskGraph, and run them.
+
+    result = Runtime(graph).run()                 # {sink name: [value per iteration]}
+    result = Runtime(graph).run(iterations=10, timeout=30, tracer=Tracer())
+
+`Runtime(graph)` checks the graph once (taskgraph.py: every input resolves,
+no cycle without an initial value, enough registers to go round every cycle).
+Each `run()` then creates fresh actors and one thread per stream, preloads
+the initial values, sends every actor `Start`, and waits; from then on the
+actors only react to each other's messages.  The caller's thread does nothing
+but watch:
+
+- all actors ended            -> stop the threads, join them, return the sinks;
+- an actor raised             -> every thread leaves its loop at its next
+  message; `ActorError` naming the actor, chained to the original exception
+  (so its traceback prints), is raised in the caller;
+- nothing moves, actors alive -> `DeadlockError` with what each actor waits for
+  (only graphs built with `check=False` or blocking user functions get here);
+- `timeout` seconds passed    -> `RunTimeoutError`, the same description.
+
+A thread cannot be interrupted inside a Python call: after an error or a
+timeout, a stream busy in a long function leaves its loop when that call
+returns; `run()` waits up to JOIN_S per thread for it (they are daemon
+threads, so none can keep the process alive).
+
+`PYFLOW_TRACE=path.json` makes `run()` trace every firing and write a Chrome
+trace there when no tracer is passed (trace.py).  `runtime.stats` holds the
+firings per actor and the most values ever in flight on each edge.
+"""
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from .actor import Actor, InputEdge, SinkActor, SourceActor
+from .messages import START, STOP
+from .register import OutputRegisters
+from .stream import Stream
+from .taskgraph import Port
+from .trace import TRACE_ENV, Tracer
+
+POLL_S = 0.05                     # how often the caller looks for deadlock/timeout
+JOIN_S = 1.0                      # how long to wait for each thread when stopping
+
+
+class ActorError(RuntimeError):
+    """An actor's function raised; `__cause__` is the original exception."""
+
+    def __init__(self, message, actor):
+        super().__init__(message)
+        self.actor = actor
+
+
+class DeadlockError(RuntimeError):
+    """Actors are alive but no message is moving: the run can never finish."""
+
+
+class RunTimeoutError(TimeoutError):
+    """`run(timeout=...)` expired."""
+
+
+@dataclass
+class RunStats:
+    firings: dict            # actor name -> times fired
+    max_in_flight: dict      # Edge -> most values written and not yet freed by its consumer
+    wall_s: float
+
+
+class Runtime:
+    def __init__(self, graph, *, check=True):
+        """`check=False` skips the liveness check (to watch a deadlock get reported)."""
+        graph.check(liveness=check)
+        self.graph = graph
+        self.stats = None
+
+    def describe(self):
+        return self.graph.describe()
+
+    __str__ = describe
+
+    def run(self, *, iterations=None, timeout=None, tracer=None):
+        """Run until every actor has ended; return {sink name: [values]}."""
+        if iterations is not None and (not isinstance(iterations, int) or iterations < 0):
+            raise ValueError(f"iterations must be an int >= 0 or None, got {iterations!r}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
+        if iterations is None and self.graph.never_ending():
+            raise ValueError(f"actors {self.graph.never_ending()} would never end: they are "
+                             "fed by no source; pass run(iterations=N)")
+        trace_path = None
+        if tracer is None and os.environ.get(TRACE_ENV):
+            trace_path, tracer = os.environ[TRACE_ENV], Tracer()
+        run = _Run(self.graph, iterations, tracer)
+        try:
+            return run.execute(timeout)
+        finally:
+            self.stats = run.stats()
+            if trace_path:
+                tracer.write(trace_path)
+
+
+class _Run:
+    """The live state of one `Runtime.run` call."""
+
+    def __init__(self, graph, iterations, tracer):
+        self.graph = graph
+        self.tracer = tracer
+        self.aborted = False
+        self.error = None                 # (actor, exception, iteration) of the first failure
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.alive = len(graph.specs)
+        self.streams = {name: Stream(name, self) for name in graph.streams}
+        self.actors = {name: self._make_actor(spec, iterations)
+                       for name, spec in graph.specs.items()}
+        for spec in graph.specs.values():  # wire producer outputs to consumer inputs
+            consumer = self.actors[spec.name]
+            refs = [(p, False) for p in spec.inputs] + [(p, True) for p in spec.control]
+            for i, (port, control) in enumerate(refs):
+                producer = self.actors[port.actor]
+                edge = producer.outputs[port.index].add_edge(consumer, i)
+                consumer.inputs.append(InputEdge(producer, port.index, edge, control))
+        self.started = None
+
+    def _make_actor(self, spec, iterations):
+        stream = self.streams[self.graph.stream_of(spec.name)]
+        outputs = [OutputRegisters(Port(spec.name, i), r) for i, r in enumerate(spec.registers)]
+        if spec.kind == "source":
+            limits = [n for n in (spec.iterations, iterations) if n is not None]
+            return SourceActor(spec.name, spec.iterable, stream, outputs,
+                               min(limits) if limits else None, self)
+        if spec.kind == "sink":
+            return SinkActor(spec.name, stream, iterations, self)
+        return Actor(spec.name, spec.fn, stream, outputs, iterations, self)
+
+    # -- called from stream threads -------------------------------------------
+    def actor_ended(self, actor):
+        with self.lock:
+            self.alive -= 1
+            if self.alive == 0:
+                self.done.set()
+
+    def fail(self, actor, exc):
+        with self.lock:
+            if self.error is None:
+                self.error = (actor, exc, actor.fired)
+        self.abort()
+
+    def abort(self):
+        self.aborted = True
+        for s in self.streams.values():
+            s.queue.put((None, STOP))
+        self.done.set()
+
+    # -- called from the caller's thread --------------------------------------
+    def execute(self, timeout):
+        self.started = time.perf_counter()
+        for spec in self.graph.specs.values():
+            for index, value in spec.initial.items():
+                self.actors[spec.name].preload(index, value)
+        for s in self.streams.values():
+            s.thread.start()
+        try:
+            for actor in self.actors.values():
+                actor.stream.queue.put((actor, START))
+            self._watch(timeout)
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            if not self.aborted:
+                for s in self.streams.values():
+                    s.queue.put((None, STOP))
+            for s in self.streams.values():
+                s.thread.join(JOIN_S)
+        if self.error is not None:
+            actor, exc, iteration = self.error
+            raise ActorError(f"actor '{actor.name}' (stream '{actor.stream.name}') failed at "
+                             f"iteration {iteration}: {type(exc).__name__}: {exc}",
+                             actor.name) from exc
+        return {name: a.values for name, a in self.actors.items() if isinstance(a, SinkActor)}
+
+    def _watch(self, timeout):
+        if self.alive == 0:               # an empty graph: nothing will ever end
+            return
+        deadline = None if timeout is None else self.started + timeout
+        last_taken = None
+        while not self.done.wait(POLL_S):
+            if deadline is not None and time.perf_counter() > deadline:
+                self.abort()
+                raise RunTimeoutError(f"run did not finish within {timeout} s:\n"
+                                      + self.state())
+            taken = self._quiescent_taken()
+            if taken is not None and taken == last_taken:
+                self.abort()
+                raise DeadlockError("deadlock: actors are alive but no message is moving:\n"
+                                    + self.state())
+            last_taken = taken
+
+    def _quiescent_taken(self):
+        """Messages taken so far if no thread is busy and no message waits, else None.
+
+        Seen twice with the same count, nothing moved in between and nothing
+        can move any more (stream.py).  Flags first, queues second, count last.
+        """
+        streams = list(self.streams.values())
+        if any(s.busy for s in streams) or any(s.local or not s.queue.empty() for s in streams):
+            return None
+        return sum(s.taken for s in streams)
+
+    def state(self):
+        return "\n".join("  " + a.state() for a in self.actors.values())
+
+    def stats(self):
+        firings = {name: a.fired for name, a in self.actors.items()}
+        max_in_flight = {}
+        for e in self.graph.edges:
+            out = self.actors[e.producer.actor].outputs[e.producer.index]
+            for k, (consumer, input_index) in enumerate(out.edges):
+                if consumer.name == e.consumer and input_index == e.input:
+                    max_in_flight[e] = out.max_in_flight[k]
+        wall = 0.0 if self.started is None else time.perf_counter() - self.started
+        return RunStats(firings, max_in_flight, wall)
