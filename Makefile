@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-cpu test-cuda-sim bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,16 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(PY) -m pyflow.models.demo
 
-test: $(STAMP)
+# The whole suite, then the op and graph tests again with every tensor on the
+# cuda device, run by numba's CUDA simulator (no GPU needed).
+test: test-cpu test-cuda-sim
+
+test-cpu: $(STAMP)
 	$(PY) -m pytest
+
+test-cuda-sim: $(STAMP)
+	NUMBA_ENABLE_CUDASIM=1 PYFLOW_TEST_DEVICE=cuda HYPOTHESIS_PROFILE=sim \
+		$(PY) -m pytest tests/ops tests/graph -m "not cpu_only"
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py

@@ -39,6 +39,48 @@ def parse_to_args(args, dtype=None, device=None):
     return dtype, device
 
 
+def _pointer(array):
+    """Address of an array's first element (host or device memory)."""
+    face = getattr(array, "__array_interface__", None) or array.__cuda_array_interface__
+    return face["data"][0]
+
+
+_device_array_type = []     # [the class of cuda storage], resolved on first use
+
+
+def _check_storage(data, dtype, device):
+    """Internal check that storage is on the tensor's device: a host array must
+    never silently become cuda storage (on a GPU, CuPy would refuse it later, far
+    from the bug), nor device memory cpu storage.  Under numba's simulator cuda
+    storage is a ``SimulatedDeviceArray`` (kernels/cuda/_simarray.py), so CI
+    catches ops that do host NumPy math on cuda data.  Only reached for non-cpu
+    devices or non-ndarray data, so the cpu path costs one type comparison."""
+    if device.type == "cpu":
+        from .kernels.cuda._simarray import SimulatedDeviceArray
+        if isinstance(data, (np.ndarray, np.generic)) and \
+                not isinstance(data, SimulatedDeviceArray):
+            return              # host memory: an ndarray subclass (memmap...), a 0-d result
+        expected = "a host numpy.ndarray"
+    else:
+        if not _device_array_type:
+            from .cuda import simulated
+            if simulated():
+                from .kernels.cuda._simarray import SimulatedDeviceArray as kind
+            else:
+                import cupy
+                kind = cupy.ndarray
+            _device_array_type.append(kind)
+        if isinstance(data, _device_array_type[0]):
+            return
+        expected = f"a device array ({_device_array_type[0].__module__}." \
+                   f"{_device_array_type[0].__name__})"
+    raise RuntimeError(
+        f"pyflow internal error: a {dtype} tensor on device '{device}' must hold {expected}, "
+        f"got {type(data).__module__}.{type(data).__name__}"
+        f"{f' of shape {data.shape}' if hasattr(data, 'shape') else ''}; an op built its "
+        f"result on the wrong device (use the data's array module or a registered kernel)")
+
+
 class Size(tuple):
     """torch.Size: a tuple of ints."""
 
@@ -65,6 +107,8 @@ class Tensor:
     @classmethod
     def _make(cls, data, dtype, device=CPU, requires_grad=False, base=None):
         """Wrap a NumPy array (already in ``dtype.storage``) without copying."""
+        if type(data) is not np.ndarray or device.type != "cpu":
+            _check_storage(data, dtype, device)
         t = object.__new__(cls)
         t._data = data
         t.dtype = dtype
@@ -117,14 +161,13 @@ class Tensor:
         return st if dim is None else st[self._wrap_dim(dim)]
 
     def storage_offset(self):
-        root = self._data
-        while isinstance(root.base, np.ndarray):
+        root, kind = self._data, type(self._data)
+        while isinstance(root.base, kind):
             root = root.base
-        ptr = self._data.__array_interface__["data"][0]
-        return (ptr - root.__array_interface__["data"][0]) // self._data.itemsize
+        return (_pointer(self._data) - _pointer(root)) // self._data.itemsize
 
     def data_ptr(self):
-        return self._data.__array_interface__["data"][0]
+        return _pointer(self._data)
 
     def is_contiguous(self):
         return self._data.flags.c_contiguous
@@ -342,7 +385,19 @@ class Tensor:
 
     def __reduce_ex__(self, proto):
         from .utils.serialization import _rebuild_tensor
-        return (_rebuild_tensor, (np.array(self._data), self.dtype.name, self.requires_grad))
+        if self.device.type == "cpu":
+            return (_rebuild_tensor, (np.array(self._data), self.dtype.name, self.requires_grad))
+        # Device memory is pickled as a host copy and moved back when unpickled.
+        from .kernels.registry import get
+        host = get("to_host", self.device.type)(self._data)
+        return (_rebuild_on_device, (host, self.dtype.name, self.requires_grad, str(self.device)))
+
+
+def _rebuild_on_device(array, dtype_name, requires_grad, device):
+    """Unpickle a device tensor: rebuilt on the host, then copied to ``device``."""
+    from .utils.serialization import _rebuild_tensor
+    t = _rebuild_tensor(array, dtype_name, False).to(device)
+    return t.requires_grad_(True) if requires_grad else t
 
 
 TENSOR_TYPES.add(Tensor)

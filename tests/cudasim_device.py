@@ -107,6 +107,43 @@ def _():
         assert "same device" in str(e)
 
 
+
+@check("every op family refuses mixed devices, naming the op and the fix")
+def _():
+    F = pf.nn.functional
+    x = pf.randn(4, 5, device="cuda")
+    cases = {
+        "matmul": lambda: x @ pf.randn(5, 2),
+        "cat": lambda: pf.cat([x, pf.randn(4, 5)]),
+        "linear": lambda: F.linear(x, pf.randn(3, 5)),
+        "cross_entropy": lambda: F.cross_entropy(x, pf.tensor([0, 1, 2, 3])),
+        "nll_loss": lambda: F.nll_loss(x, pf.tensor([0, 1, 2, 3])),
+        "embedding": lambda: F.embedding(pf.tensor([0, 1]), x),
+        "scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(
+            x[None], x[None], x[None], attn_mask=pf.ones(4, 4, dtype=pf.bool)),
+        "where": lambda: pf.where(pf.ones(4, 5) > 0, x, x),
+    }
+    for op, call in cases.items():
+        try:
+            call()
+        except RuntimeError as e:
+            msg = str(e)
+            assert "same device" in msg and "cuda" in msg and "cpu" in msg, (op, msg)
+            if op in ("cross_entropy", "nll_loss", "embedding", "scaled_dot_product_attention"):
+                assert op in msg and ".to(" in msg, (op, msg)
+        else:
+            raise AssertionError(f"{op}: mixing devices did not raise")
+
+
+@check("a dtype the kernels do not take is a clear error")
+def _():
+    try:
+        pf.softmax(pf.tensor([1, 2, 3], device="cuda"), 0)
+        raise AssertionError("no error")
+    except (TypeError, RuntimeError) as e:
+        assert "softmax" in str(e) and "int64" in str(e), str(e)
+
+
 for f in failures:
     print("FAIL", f)
 print(f"{checks} checks, {len(failures)} failures")

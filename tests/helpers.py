@@ -91,7 +91,8 @@ def check_forward(pf_fn, np_fn, np_inputs, tensors, rtol=1e-6, atol=1e-8, **kwar
 
 
 def numerical_grad(fn, inputs, eps=1e-6):
-    """Central differences of sum(fn(*inputs) * w) for a fixed random w."""
+    """Central differences of sum(fn(*inputs) * w) for a fixed random w,
+    one element at a time (two forwards per element)."""
     rng = np.random.default_rng(0)
     out = fn(*[pf.tensor(x) for x in inputs])
     w = rng.standard_normal(tuple(out.shape))
@@ -112,12 +113,50 @@ def numerical_grad(fn, inputs, eps=1e-6):
     return w, grads
 
 
+DIRECTIONS = 3
+
+
+def _check_directional(fn, inputs, rtol, atol, eps):
+    """On a non-CPU default device (the simulated cuda device runs two forwards
+    per element far too slowly): the backward's gradient against central
+    differences along random directions v, <grad, v> = (f(x + eps v) -
+    f(x - eps v)) / (2 eps), all on that device.  Every input gets its own
+    direction, and each input is also checked alone, so a wrong gradient of any
+    one input shows."""
+    rng = np.random.default_rng(0)
+    ts = [pf.tensor(x, requires_grad=True) for x in inputs]
+    out = fn(*ts)
+    w = rng.standard_normal(tuple(out.shape))
+    out.backward(pf.tensor(w))
+    grads = []
+    for i, t in enumerate(ts):
+        assert t.grad is not None, f"input {i} got no gradient"
+        grads.append(to_numpy(t.grad))
+    which = [[i] for i in range(len(inputs))] + ([list(range(len(inputs)))] * DIRECTIONS
+                                                  if len(inputs) > 1 else [[0]] * (DIRECTIONS - 1))
+    for moved in which:
+        vs = [rng.standard_normal(x.shape) if i in moved else np.zeros(x.shape)
+              for i, x in enumerate(inputs)]
+        f = [to_numpy(fn(*[pf.tensor(x + sign * eps * v) for x, v in zip(inputs, vs)]))
+             for sign in (1, -1)]
+        numeric = np.sum((f[0] - f[1]) * w) / (2 * eps)
+        analytic = sum(np.sum(g * v) for g, v in zip(grads, vs))
+        scale = sum(np.sum(np.abs(g * v)) for g, v in zip(grads, vs))
+        assert abs(analytic - numeric) <= atol * 10 + rtol * max(scale, abs(numeric)), (
+            f"directional derivative along inputs {moved}: backward gives {analytic}, finite "
+            f"differences {numeric}")
+
+
 def check_grad(fn, inputs, rtol=1e-5, atol=1e-6, eps=1e-6):
     """Backward of ``fn`` in float64 against central finite differences.
 
     ``inputs`` are float64 NumPy arrays; ``fn`` maps pyflow tensors to one tensor.
+    On the CPU every element is checked; on another default device, random
+    directional derivatives (``_check_directional``).
     """
     inputs = [np.asarray(x, np.float64) for x in inputs]
+    if pf.get_default_device().type != "cpu":
+        return _check_directional(fn, inputs, rtol, atol, eps)
     w, expected = numerical_grad(fn, inputs, eps)
     ts = [pf.tensor(x, requires_grad=True) for x in inputs]
     out = fn(*ts)

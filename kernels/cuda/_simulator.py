@@ -1,4 +1,7 @@
-"""Warp shuffles for numba's CUDA simulator, which (numba-cuda 0.30) has none.
+"""Two additions to numba's CUDA simulator: warp shuffles, and a block
+scheduler that waits instead of polling.
+
+Warp shuffles: the simulator (numba-cuda 0.30) has none.
 
 Installed into the simulator's fake ``cuda`` module when the package is
 imported under NUMBA_ENABLE_CUDASIM=1, so kernels call the real API
@@ -9,6 +12,8 @@ on two private attributes of the simulator's threads (``thread_id``,
 ``_manager``).
 """
 import threading
+
+import numpy as np
 
 WARP = 32
 builtins_min = min
@@ -54,7 +59,79 @@ def _install_simulated_shuffles():
         fake.shfl_sync = lambda self, mask, value, lane: _simulated_shuffle(value, lane)
 
 
+def _event_driven_run(self, grid_point, *args):
+    """BlockManager.run without its busy loop.
+
+    The simulator runs each CUDA thread of a block as a Python thread; its block
+    manager polls every thread's ``is_alive()`` in a tight loop to notice when
+    all of them wait in ``syncthreads()``.  The polling holds the GIL the
+    worker threads need, so a kernel with a few barriers took seconds.  Here
+    threads notify the manager (a Condition) when they block or finish, and
+    the manager sleeps until then.  Semantics are the simulator's: release all
+    threads once every live thread waits at the barrier; re-raise the first
+    thread exception after aborting the others."""
+    from numba.cuda.simulator.kernel import BlockThread
+    changed = threading.Condition()
+    self._changed = changed
+
+    def target():
+        try:
+            self._f(*args)
+        finally:
+            with changed:
+                threading.current_thread()._finished_kernel = True
+                changed.notify()
+
+    threads = [BlockThread(target, self, grid_point, block_point, self._debug)
+               for block_point in np.ndindex(*self._block_dim)]
+    for t in threads:
+        t._finished_kernel = False
+        t.start()
+    with changed:
+        while True:
+            failed = next((t for t in threads if t.exception), None)
+            if failed is not None:
+                for t in threads:
+                    t.abort = True
+                    t.syncthreads_blocked = False
+                    t.syncthreads_event.set()
+                raise failed.exception[0].with_traceback(failed.exception[1])
+            live = [t for t in threads if not t._finished_kernel]
+            if not live:
+                break
+            if all(t.syncthreads_blocked for t in live):
+                for t in live:
+                    t.syncthreads_blocked = False
+                    t.syncthreads_event.set()
+            changed.wait(0.05)      # the timeout only guards against a missed notify
+    for t in threads:
+        t.join()
+        if t.exception:
+            raise t.exception[0].with_traceback(t.exception[1])
+
+
+def _notifying_syncthreads(self):
+    """BlockThread.syncthreads that wakes the event-driven block manager."""
+    if self.abort:
+        raise RuntimeError("abort flag set on syncthreads call")
+    with self._manager._changed:
+        self.syncthreads_blocked = True
+        self._manager._changed.notify()
+    self.syncthreads_event.wait()
+    self.syncthreads_event.clear()
+    if self.abort:
+        raise RuntimeError("abort flag set on syncthreads clear")
+
+
+def _install_event_driven_blocks():
+    from numba.cuda.simulator import kernel
+    if getattr(kernel.BlockManager.run, "__name__", "") != "_event_driven_run":
+        kernel.BlockManager.run = _event_driven_run
+        kernel.BlockThread.syncthreads = _notifying_syncthreads
+
+
 def install():
     from numba import config
     if config.ENABLE_CUDASIM:
         _install_simulated_shuffles()
+        _install_event_driven_blocks()

@@ -28,7 +28,8 @@ import numpy as np
 from numba import cuda
 
 from ..registry import register
-from ._memory import array_module, empty, launch_config, simulated, stream, to_device, to_host
+from ._memory import (empty, is_device_array, is_host_array, launch_config, simulated, stream,
+                      to_device, to_host)
 from .copy import contiguous, copy_into, describe, operand, pad_dims, read_only, size_of
 
 _INT64_MAX = np.int64(np.iinfo(np.int64).max)
@@ -105,7 +106,7 @@ def check_range(idx, size, op, negative=False, axis=None):
 def on_device(a, like):
     """``a`` on ``like``'s device: a host NumPy array is copied over when ``like``
     is a GPU array (ops may hand index arrays built on the host)."""
-    if isinstance(a, np.ndarray) and array_module(like) is not np:
+    if is_host_array(a) and is_device_array(like):
         return to_device(np.ascontiguousarray(a), like)
     return a
 

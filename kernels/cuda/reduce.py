@@ -57,7 +57,7 @@ from numba import cuda
 from numba import types as nbt
 
 from ..registry import register
-from ._memory import MAX_BLOCKS, empty
+from ._memory import MAX_BLOCKS, SIM_MAX_BLOCKS, empty, simulated
 from ._memory import stream as _stream
 from .elementwise import _describe, _span
 
@@ -461,6 +461,8 @@ def _plan(n_out, n_red, column):
         chunk = -(-n_red // splits) if n_red else 0
         splits = -(-n_red // chunk) if chunk else 1
         ny = builtins_max(1, builtins_min(COL_ROWS, -(-chunk // COL_PER_THREAD)))
+        if simulated():  # few simulated threads per launch (see _memory.SIM_THREADS)
+            return splits, chunk, builtins_min(groups * splits, SIM_MAX_BLOCKS), (WARP, 2)
         return splits, chunk, builtins_min(groups * splits, MAX_BLOCKS), (WARP, ny)
     splits = 1
     if n_out < TARGET_BLOCKS and n_red > SPLIT_CHUNK:
@@ -472,6 +474,10 @@ def _plan(n_out, n_red, column):
         threads = (ROW_THREADS, 1)
     else:
         threads = (WARP, builtins_min(ROWS_PER_BLOCK, n_virtual))
+    if simulated():     # few simulated threads per launch (see _memory.SIM_THREADS)
+        threads = (2 * WARP, 1) if chunk > WARP_ROW_MAX else (WARP, 2)   # both kernel paths
+        return (splits, chunk, builtins_min(-(-n_virtual // threads[1]), SIM_MAX_BLOCKS),
+                threads)
     return splits, chunk, builtins_min(-(-n_virtual // threads[1]), MAX_BLOCKS), threads
 
 
@@ -863,13 +869,14 @@ def cumsum(x3, out_dtype, reverse=False):
     rows = outer * inner
     if rows * n == 0:
         return out
+    max_blocks = SIM_MAX_BLOCKS if simulated() else MAX_BLOCKS
     if inner == 1 and n >= ROW_SCAN_MIN:
         threads = builtins_min(ROW_THREADS, -(-n // WARP) * WARP)
-        _scan_kernel(acc, out_dtype, "row")[builtins_min(rows, MAX_BLOCKS), threads, _stream()](
+        _scan_kernel(acc, out_dtype, "row")[builtins_min(rows, max_blocks), threads, _stream()](
             span, off, s0, s1, s2, outer, n, inner, bool(reverse), out.reshape(-1))
     else:
-        threads = builtins_min(ROW_THREADS, -(-rows // WARP) * WARP)
-        blocks = builtins_min(-(-rows // threads), MAX_BLOCKS)
+        threads = WARP if simulated() else builtins_min(ROW_THREADS, -(-rows // WARP) * WARP)
+        blocks = builtins_min(-(-rows // threads), max_blocks)
         _scan_kernel(acc, out_dtype, "column")[blocks, threads, _stream()](
             span, off, s0, s1, s2, outer, n, inner, bool(reverse), out.reshape(-1))
     return out

@@ -35,7 +35,8 @@ from numba import types as nbtypes
 
 from ..registry import register
 from . import elementwise as _ew
-from ._memory import array_module, empty, launch_config, stream, to_device
+from ._memory import (SIM_MAX_BLOCKS, SIM_THREADS, empty, is_device_array, is_host_array,  # noqa: F401
+                      launch_config, simulated, stream, to_device)
 
 FULL_MASK = 0xFFFFFFFF
 WARP = 32
@@ -63,16 +64,16 @@ def check_float(a, op, what="x"):
 
 def row_threads(n):
     """Threads for a block that strides over ``n`` elements: one per element up
-    to MAX_ROW_THREADS, a multiple of 32 (the block reductions need whole warps)."""
+    to MAX_ROW_THREADS, a multiple of 32 (the block reductions need whole warps).
+    One warp under the simulator (see _memory.SIM_THREADS)."""
+    if simulated():
+        return SIM_THREADS
     return min(MAX_ROW_THREADS, max(WARP, -(-n // WARP) * WARP))
 
 
 def row_blocks(rows):
-    return max(1, min(rows, MAX_ROW_BLOCKS))
-
-
-def is_device_array(a):
-    return not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__")
+    """One block per row up to MAX_ROW_BLOCKS (the kernels grid-stride over rows)."""
+    return max(1, min(rows, SIM_MAX_BLOCKS if simulated() else MAX_ROW_BLOCKS))
 
 
 def as_input(a):
@@ -148,7 +149,7 @@ def contiguous(a, dtype=None):
 def table(a, dtype, like):
     """A small parameter array (targets, class weights, statistics) next to
     ``like``, contiguous and of ``dtype``; a host NumPy array is copied over."""
-    if isinstance(a, np.ndarray) and array_module(like) is not np:
+    if is_host_array(a) and is_device_array(like):
         return to_device(np.ascontiguousarray(a, dtype), like)
     if not isinstance(a, np.ndarray) and not is_device_array(a):
         a = np.asarray(a, dtype)                      # a list or a number

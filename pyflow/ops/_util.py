@@ -24,6 +24,26 @@ def wrap(arr, dtype, device=CPU):
     return Tensor._make(arr, dtype, device)
 
 
+def array_module(data):
+    """The array module of ``data``: numpy for host arrays; for device arrays
+    cupy on a GPU, or its strict stand-in under numba's simulator (see
+    kernels/cuda/_simarray.py).  Ops that do array math on tensor data write
+    ``xp = array_module(t._data)`` and ``xp.where(...)`` so it runs where the data is."""
+    if type(data) is np.ndarray or isinstance(data, (np.generic, numbers.Number)):
+        return np
+    from ..kernels.cuda._memory import array_module as module_of
+    return module_of(data)
+
+
+def as_array(arr, dtype=None):
+    """``np.asarray(arr, dtype)`` for a kernel's result on any device: a NumPy
+    scalar from a CPU kernel becomes a 0-d array; a device array stays on its
+    device (np.asarray would copy it to the host, or raise on CuPy)."""
+    if type(arr) is np.ndarray or isinstance(arr, (np.generic, numbers.Number)):
+        return np.asarray(arr, dtype)
+    return arr if dtype is None or arr.dtype == dtype else arr.astype(dtype)
+
+
 def compute_array(t, dtype):
     """``t``'s data converted to ``dtype.compute`` (no copy if already there)."""
     if t.dtype is dtype:
@@ -42,6 +62,18 @@ def check_tensor(x, name, op):
     if not isinstance(x, Tensor):
         raise TypeError(f"{op}(): argument '{name}' must be a Tensor, not {type(x).__name__}")
     return x
+
+
+def check_same_device(op, reference, **others):
+    """Raise unless every tensor in ``others`` (None allowed) is on
+    ``reference``'s device, like PyTorch: an op never moves data silently."""
+    name0, t0 = reference
+    for name, t in others.items():
+        if t is not None and t.device != t0.device:
+            raise RuntimeError(
+                f"{op}(): expected all tensors to be on the same device, but {name} is on "
+                f"{t.device} and {name0} on {t0.device}; move it with "
+                f"{name}.to({str(t0.device)!r})")
 
 
 def is_number(x):

@@ -24,7 +24,7 @@ from .. import dtypes as _dt
 from ..autograd import Function
 from ..tensor import Tensor
 from ._method import tensor_method
-from ._util import check_tensor, compute_array, kernel, normalize_dims, wrap
+from ._util import array_module, as_array, check_tensor, compute_array, kernel, normalize_dims, wrap
 
 __all__ = ["sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "var",
            "std", "norm", "logsumexp", "cumsum", "all", "any"]
@@ -123,7 +123,7 @@ class Sum(Function):
         out_dtype = dtype or (_dt.int64 if x.dtype.category < 2 else x.dtype)
         arr = kernel("sum", x.device.type)(compute_array(x, x.dtype), dims, keepdim,
                                            out_dtype.compute)
-        return wrap(np.asarray(arr), out_dtype, x.device)
+        return wrap(as_array(arr), out_dtype, x.device)
 
     @staticmethod
     def backward(ctx, g):
@@ -144,7 +144,7 @@ class Mean(Function):
         ctx.in_shape, ctx.dims, ctx.keepdim = x._data.shape, dims, keepdim
         ctx.count = int(np.prod([x._data.shape[d] for d in dims])) if dims else 1
         arr = kernel("mean", x.device.type)(compute_array(x, x.dtype), dims, keepdim)
-        return wrap(np.asarray(arr, dtype=x.dtype.compute), x.dtype, x.device)
+        return wrap(as_array(arr, x.dtype.compute), x.dtype, x.device)
 
     @staticmethod
     def backward(ctx, g):
@@ -371,7 +371,7 @@ class VarStd(Function):
                           f"the result is inf or nan", RuntimeWarning, stacklevel=4)
         arr = kernel("var", x.device.type)(compute_array(x, x.dtype), dims, correction, keepdim)
         if take_sqrt:
-            arr = np.sqrt(arr)
+            arr = array_module(arr).sqrt(arr)
         out = wrap(arr, x.dtype, x.device)
         ctx.save_for_backward(x, out)
         return out

@@ -9,9 +9,9 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..autograd import Function
-from ..tensor import Tensor
+from ..tensor import Tensor, _pointer
 from ._method import tensor_method
-from ._util import check_tensor, kernel, normalize_dims, shape_arg
+from ._util import array_module, check_tensor, kernel, normalize_dims, shape_arg
 
 __all__ = ["cast", "clone", "contiguous", "view", "reshape", "transpose", "swapaxes", "permute",
            "t", "expand", "expand_as", "unsqueeze", "squeeze", "flatten", "unflatten", "split",
@@ -38,7 +38,8 @@ def cast(x, dtype):
 class Clone(Function):
     @staticmethod
     def forward(ctx, x):
-        return Tensor._make(np.array(x._data, copy=True, order="C"), x.dtype, x.device)
+        data = x._data
+        return Tensor._make(array_module(data).array(data, copy=True, order="C"), x.dtype, x.device)
 
     @staticmethod
     def backward(ctx, g):
@@ -80,12 +81,24 @@ def _infer_shape(shape, numel, op):
     return tuple(shape)
 
 
+def _reshape_view(data, shape):
+    """``np.reshape(data, shape, copy=False)`` on any device: a view, or ValueError
+    when the layout needs a copy (CuPy's reshape has no ``copy=`` and copies
+    silently, so a device copy is detected by its new address)."""
+    if type(data) is np.ndarray:
+        return np.reshape(data, shape, copy=False)
+    arr = data.reshape(shape)
+    if data.size and _pointer(arr) != _pointer(data):
+        raise ValueError("reshape needs a copy")
+    return arr
+
+
 class View(Function):
     @staticmethod
     def forward(ctx, x, shape):
         ctx.in_shape = x._data.shape
         try:
-            arr = np.reshape(x._data, shape, copy=False)
+            arr = _reshape_view(x._data, shape)
         except ValueError:
             raise RuntimeError(
                 f"view size is not compatible with input tensor's size and stride (shape "
@@ -112,7 +125,7 @@ def view(input, *shape):
 def reshape(input, *shape):
     shape = _infer_shape(shape_arg(shape, "reshape"), input._data.size, "reshape")
     try:
-        np.reshape(input._data, shape, copy=False)
+        _reshape_view(input._data, shape)
         return View.apply(input, shape)
     except ValueError:
         return View.apply(Clone.apply(input), shape)
@@ -302,7 +315,7 @@ class SliceScatter(Function):
     @staticmethod
     def forward(ctx, g, shape, key):
         ctx.key = key
-        out = np.zeros(shape, g._data.dtype)
+        out = array_module(g._data).zeros(shape, g._data.dtype)
         basic_view(out, key)[...] = g._data
         return Tensor._make(out, g.dtype, g.device)
 
@@ -410,6 +423,8 @@ def copy_(input, src, non_blocking=False):
     from ..autograd import is_grad_enabled
     if is_grad_enabled() and (input.requires_grad or src.requires_grad):
         return _inplace(input, take, src)
+    if src.device != input.device:          # a copy across devices (host <-> GPU)
+        src = src.to(input.device)
     try:
         data = np.broadcast_to(src._data if src.dtype is input.dtype else
                                src.to(input.dtype)._data, input._data.shape)

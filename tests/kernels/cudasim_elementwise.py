@@ -25,6 +25,7 @@ from numba import config  # noqa: E402
 
 import pyflow.kernels.cpu.elementwise  # noqa: E402,F401  (registers the CPU references)
 import pyflow.kernels.cuda.elementwise as ew  # noqa: E402
+from pyflow.kernels.cuda._memory import to_host  # noqa: E402
 from pyflow.kernels import registry  # noqa: E402
 
 assert config.ENABLE_CUDASIM, "numba did not pick up NUMBA_ENABLE_CUDASIM=1"
@@ -106,7 +107,7 @@ def check(name, dtype, case, failures):
     kernel = registry.get(name, "cuda")
     label = f"{name} {np.dtype(dtype)} {case}"
     try:
-        got = kernel(*inputs)
+        got = to_host(kernel(*inputs))
         if case == "transposed":                             # and a non-contiguous out
             shape = got.shape
             out = np.empty(shape[:-2] + shape[-1:] + shape[-2:-1], got.dtype)

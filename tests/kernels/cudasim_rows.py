@@ -36,6 +36,7 @@ import pyflow.kernels.cuda.loss  # noqa: E402,F401
 import pyflow.kernels.cuda.normalization as cuda_norm  # noqa: E402
 import pyflow.kernels.cuda.softmax as cuda_softmax  # noqa: E402
 from pyflow.kernels import registry  # noqa: E402
+from pyflow.kernels.cuda._memory import to_host  # noqa: E402
 
 assert config.ENABLE_CUDASIM, "numba did not pick up NUMBA_ENABLE_CUDASIM=1"
 
@@ -68,6 +69,8 @@ def check(name, label, args, dtype, tol=None, cpu_args=None):
     label = f"{name} {np.dtype(dtype).name} {label}"
     try:
         got = registry.get(name, "cuda")(*args)
+        got = (tuple(None if g is None else to_host(g) for g in got) if isinstance(got, tuple)
+               else to_host(got))
     except Exception as e:  # report every kernel, not only the first failure
         failures.append(f"{label}: raised {type(e).__name__}: {e}")
         return None

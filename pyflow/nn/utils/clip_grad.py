@@ -38,9 +38,9 @@ def _np_max(a, key):
     """Fallback while pyflow has no max reduction: the extreme |value| via NumPy."""
     import numpy as np
     from ...ops.creation import tensor
-    vals = np.abs(np.asarray(a._compute()))
+    vals = np.abs(a._host())                # a host copy for device tensors
     v = (vals.max() if key is abs else vals.min()) if vals.size else 0.0
-    return tensor(v, dtype=a.dtype)
+    return tensor(v, dtype=a.dtype, device=a.device)
 
 
 def get_total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, foreach=None):
