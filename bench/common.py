@@ -17,6 +17,18 @@ def median_time(fn, repeats=7, number=1, warmup=2):
     return statistics.median(times)
 
 
+def step_times(step, steps, warmup):
+    """Median seconds of ``step()`` over ``steps`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def interleaved(fns, repeats=7, number=1, warmup=2):
     """Median time of each fn, timing them alternately so machine noise hits all alike."""
     for fn in fns:

@@ -31,4 +31,25 @@ def transformer_block(nn, d=256, heads=4):
     return Block()
 
 
-__all__ = ["mlp", "small_cnn", "transformer_block"]
+def gpt_mini(nn, vocab=512, layers=4, d=256, heads=4, context=128):
+    """A GPT of ``layers`` pre-norm transformer blocks over token and position
+    embeddings, with a tied LM head; ``model(idx)`` returns logits."""
+    lib = nn.Module.__module__.split(".")[0]
+    arange = __import__(lib).arange
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
+            self.blocks = nn.ModuleList([transformer_block(nn, d, heads) for _ in range(layers)])
+            self.ln = nn.LayerNorm(d)
+
+        def forward(self, idx):
+            x = self.tok(idx) + self.pos(arange(idx.shape[1]))
+            for block in self.blocks:
+                x = block(x)
+            return nn.functional.linear(self.ln(x), self.tok.weight)    # tied head
+    return GPT()
+
+
+__all__ = ["mlp", "small_cnn", "transformer_block", "gpt_mini"]

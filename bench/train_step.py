@@ -16,7 +16,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = {  # name: (model builder, batch, target ratio)
@@ -56,14 +55,8 @@ def worker(lib_name, case, steps, warmup):
             opt.zero_grad()
             loss.backward()
             opt.step()
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    print(json.dumps({"median": statistics.median(times)}))
+    from bench.common import step_times
+    print(json.dumps({"median": step_times(step, steps, warmup)}))
 
 
 def measure(lib_name, case, steps, warmup):

@@ -38,6 +38,7 @@ from .random import Generator, get_rng_state, initial_seed, manual_seed, seed, s
 from .ops import *  # noqa: F401,F403
 from . import ops
 from . import backends, cuda, nn, optim, utils
+from .graph.explain import explain
 from .utils.serialization import load, save
 
 __version__ = "0.1.0"

@@ -53,6 +53,12 @@ class Generator:
             raise ValueError(f"set_state: not a state from Generator.get_state() ({e})") from None
         return self
 
+    def draw_seed(self):
+        """One fresh 64-bit seed for a counter-based kernel (dropout's Philox);
+        advances the generator.  Graph tracing (pyflow.graph.tracer) intercepts
+        this call, so a compiled graph draws a new seed on every run."""
+        return int(self._rng.integers(0, 1 << 64, dtype=np.uint64))
+
     @property
     def numpy(self):
         """The underlying NumPy Generator (for kernels that draw numbers)."""

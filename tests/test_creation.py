@@ -237,3 +237,10 @@ def test_result_type_with_scalars_matches_torch(a, scalar):
         assert got == want
     assert (pf.ones(2, dtype=getattr(pf, a)) + scalar).dtype.name == \
         str((torch.ones(2, dtype=getattr(torch, a)) + scalar).dtype).split(".")[1]
+
+
+def test_numpy_scalars_keep_their_dtype_like_torch():
+    for value, expected in ((np.float64(1.5), pf.float64), (np.float32(1.5), pf.float32),
+                            (np.int32(3), pf.int32), (np.bool_(True), pf.bool),
+                            ([np.float64(1.0), 2.0], pf.float64), (1.5, pf.float32)):
+        assert pf.tensor(value).dtype is expected, (value, pf.tensor(value).dtype)

@@ -150,14 +150,25 @@ def _kernel_source(nin, layout):
                     p_out += j * out_st[d]; p0 += j * a0_st[d]; p1 += j * a1_st[d]
                 out[p_out] = op(a0[p0], a1[p1])
     """
-    ins = [f"a{k}" for k in range(nin)]
+    return kernel_source([False] * nin, layout)
+
+
+def kernel_source(scalars, layout):
+    """The grid-stride kernel source for operands ``a0, a1, ...``; an operand
+    whose ``scalars`` flag is set is a number passed by value (``s<k>``).
+    Shared with the fused kernels of ``fused.py``."""
+    n = len(scalars)
     if layout == "contiguous":
-        return (f"def kernel(out, {', '.join(ins)}):\n"
+        params = ", ".join(f"s{k}" if s else f"a{k}" for k, s in enumerate(scalars))
+        call = ", ".join(f"s{k}" if s else f"a{k}[i]" for k, s in enumerate(scalars))
+        return (f"def kernel(out, {params}):\n"
                 f"    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):\n"
-                f"        out[i] = op({', '.join(a + '[i]' for a in ins)})\n")
-    params = ", ".join(f"a{k}, a{k}_st, a{k}_off" for k in range(nin))
-    starts = "; ".join(f"p{k} = a{k}_off" for k in range(nin))
-    steps = "; ".join(f"p{k} += j * a{k}_st[d]" for k in range(nin))
+                f"        out[i] = op({call})\n")
+    arrays = [k for k in range(n) if not scalars[k]]
+    params = ", ".join(f"s{k}" if scalars[k] else f"a{k}, a{k}_st, a{k}_off" for k in range(n))
+    starts = "; ".join(f"p{k} = a{k}_off" for k in arrays)
+    steps = "; ".join(f"p{k} += j * a{k}_st[d]" for k in arrays)
+    call = ", ".join(f"s{k}" if scalars[k] else f"a{k}[p{k}]" for k in range(n))
     return (f"def kernel(out, n, shape, out_st, out_off, {params}):\n"
             f"    for i in range(cuda.grid(1), n, cuda.gridsize(1)):\n"
             f"        rem = i\n"
@@ -167,7 +178,7 @@ def _kernel_source(nin, layout):
             f"            j = rem - q * shape[d]\n"
             f"            rem = q\n"
             f"            p_out += j * out_st[d]; {steps}\n"
-            f"        out[p_out] = op({', '.join(f'a{k}[p{k}]' for k in range(nin))})\n")
+            f"        out[p_out] = op({call})\n")
 
 
 def kernel_function(name, dtype, layout):

@@ -11,8 +11,9 @@ import math
 
 import numpy as np
 
+from .._tracing import recordable
 from .. import dtypes as _dt
-from ._util import broadcast_shapes, check_tensor, wrap
+from ._util import array_module, broadcast_shapes, check_same_device, check_tensor, wrap
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -58,6 +59,21 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal):
                                f"broadcast to the attention scores' shape {list(scores)}")
 
 
+@recordable
+def _causal_bias(L, S, dtype, device):
+    """0 on and below the diagonal, -inf above (built where the scores are)."""
+    from .creation import full
+    from .join import triu
+    return triu(full((L, S), -np.inf, dtype=dtype, device=device), 1)
+
+
+@recordable
+def _mask_bias(keep, dtype):
+    """0 where the boolean mask keeps a position, -inf elsewhere."""
+    xp = array_module(keep._data)
+    return wrap(xp.where(keep._data, 0.0, -np.inf), dtype, keep.device)
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
     """Attention of query (..., L, E) over key (..., S, E) and value (..., S, Ev)."""
@@ -72,17 +88,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                f"({hq}) must be a multiple of key/value heads ({hk}, "
                                f"{value.shape[-3]})")
         key, value = _repeat_heads(key, hq // hk), _repeat_heads(value, hq // hk)
+    check_same_device("scaled_dot_product_attention", ("query", query), key=key, value=value,
+                      attn_mask=attn_mask)
     L, S = query.shape[-2], key.shape[-2]
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     scores = matmul(query * scale, key.transpose(-2, -1))
-    keep = None
     if is_causal:
-        keep = np.tril(np.ones((L, S), np.bool_))
+        scores = scores + _causal_bias(L, S, scores.dtype, scores.device)
     elif attn_mask is not None and attn_mask.dtype is _dt.bool:
-        keep = attn_mask._data
-    if keep is not None:
-        bias = np.where(keep, 0.0, -np.inf)
-        scores = scores + wrap(bias, scores.dtype, scores.device)
+        scores = scores + _mask_bias(attn_mask, scores.dtype)
     elif attn_mask is not None:
         scores = scores + attn_mask
     attn = softmax(scores, -1)

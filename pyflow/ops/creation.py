@@ -4,6 +4,7 @@ import numbers
 
 import numpy as np
 
+from .._tracing import recordable
 from .. import dtypes as _dt
 from ..device import as_device, check_available, get_default_device, placed
 from ..random import generator_of
@@ -30,8 +31,9 @@ def _finish(arr, dtype, device, requires_grad):
 
 
 def _infer_dtype(data):
-    """PyTorch's inference: bools -> bool, ints -> int64, floats -> default float."""
-    if isinstance(data, np.ndarray):
+    """PyTorch's inference: bools -> bool, ints -> int64, floats -> default float;
+    NumPy arrays and NumPy scalars keep their dtype."""
+    if isinstance(data, (np.ndarray, np.generic)):
         return _dt.from_numpy(data.dtype)
     if isinstance(data, builtins.bool) or isinstance(data, np.bool_):
         return _dt.bool
@@ -60,6 +62,7 @@ def _to_numpy(data):
     return np.asarray(data)
 
 
+@recordable
 def tensor(data, dtype=None, device=None, requires_grad=False):
     """A new tensor holding a copy of ``data`` (nested lists, scalars, arrays, tensors)."""
     dtype = _infer_dtype(data) if dtype is None else _dt.as_dtype(dtype)
@@ -73,6 +76,7 @@ def tensor(data, dtype=None, device=None, requires_grad=False):
     return _finish(arr, dtype, device, requires_grad)
 
 
+@recordable
 def as_tensor(data, dtype=None, device=None):
     if isinstance(data, Tensor) and (dtype is None or _dt.as_dtype(dtype) is data.dtype):
         return data
@@ -81,6 +85,7 @@ def as_tensor(data, dtype=None, device=None):
     return tensor(data, dtype=dtype, device=device)
 
 
+@recordable
 def from_numpy(arr):
     """A tensor sharing memory with the NumPy array ``arr``."""
     if not isinstance(arr, np.ndarray):
@@ -105,18 +110,22 @@ def _filled(size, value, dtype, device, requires_grad, op):
     return _finish(arr, dtype, device, requires_grad)
 
 
+@recordable
 def zeros(*size, dtype=None, device=None, requires_grad=False):
     return _filled(size, 0, dtype, device, requires_grad, "zeros")
 
 
+@recordable
 def ones(*size, dtype=None, device=None, requires_grad=False):
     return _filled(size, 1, dtype, device, requires_grad, "ones")
 
 
+@recordable
 def empty(*size, dtype=None, device=None, requires_grad=False):
     return _filled(size, None, dtype, device, requires_grad, "empty")
 
 
+@recordable
 def full(size, fill_value, dtype=None, device=None, requires_grad=False):
     if dtype is None:
         dtype = _infer_dtype(fill_value.item() if isinstance(fill_value, Tensor) else fill_value)
@@ -130,26 +139,31 @@ def _like(t, dtype):
     return (tuple(t.shape), t.dtype if dtype is None else _dt.as_dtype(dtype))
 
 
+@recordable
 def zeros_like(t, dtype=None, device=None, requires_grad=False):
     shape, d = _like(t, dtype)
     return zeros(shape, dtype=d, device=device or t.device, requires_grad=requires_grad)
 
 
+@recordable
 def ones_like(t, dtype=None, device=None, requires_grad=False):
     shape, d = _like(t, dtype)
     return ones(shape, dtype=d, device=device or t.device, requires_grad=requires_grad)
 
 
+@recordable
 def empty_like(t, dtype=None, device=None, requires_grad=False):
     shape, d = _like(t, dtype)
     return empty(shape, dtype=d, device=device or t.device, requires_grad=requires_grad)
 
 
+@recordable
 def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
     shape, d = _like(t, dtype)
     return full(shape, fill_value, dtype=d, device=device or t.device, requires_grad=requires_grad)
 
 
+@recordable
 def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
     if end is None:
         start, end = 0, start
@@ -165,6 +179,7 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False
     return _finish(arr, dtype, device, requires_grad)
 
 
+@recordable
 def linspace(start, end, steps, dtype=None, device=None, requires_grad=False):
     if not isinstance(steps, int) or steps < 0:
         raise RuntimeError(f"linspace(): steps must be a non-negative int, got {steps!r}")
@@ -173,6 +188,7 @@ def linspace(start, end, steps, dtype=None, device=None, requires_grad=False):
     return _finish(arr, dtype, device, requires_grad)
 
 
+@recordable
 def eye(n, m=None, dtype=None, device=None, requires_grad=False):
     dtype = _dtype_or_default(dtype)
     return _finish(np.eye(n, n if m is None else m, dtype=dtype.compute), dtype, device,
@@ -189,16 +205,19 @@ def _random(size, draw, dtype, device, requires_grad, op, generator):
     return _finish(arr, dtype, device, requires_grad)
 
 
+@recordable(random=True)
 def rand(*size, generator=None, dtype=None, device=None, requires_grad=False):
     return _random(size, lambda r, s: r.random(s, dtype=np.float64), dtype, device,
                    requires_grad, "rand", generator)
 
 
+@recordable(random=True)
 def randn(*size, generator=None, dtype=None, device=None, requires_grad=False):
     return _random(size, lambda r, s: r.standard_normal(s, dtype=np.float64), dtype, device,
                    requires_grad, "randn", generator)
 
 
+@recordable(random=True)
 def randint(low, high=None, size=None, generator=None, dtype=None, device=None,
             requires_grad=False):
     if size is None and isinstance(high, (tuple, list)):   # randint(high, size)
@@ -215,24 +234,28 @@ def randint(low, high=None, size=None, generator=None, dtype=None, device=None,
     return _finish(arr.astype(dtype.compute), dtype, device, requires_grad)
 
 
+@recordable(random=True)
 def randperm(n, generator=None, dtype=None, device=None):
     dtype = _dt.int64 if dtype is None else _dt.as_dtype(dtype)
     arr = generator_of(generator).numpy.permutation(n).astype(dtype.compute)
     return _finish(arr, dtype, device, False)
 
 
+@recordable(random=True)
 def rand_like(t, dtype=None, device=None, requires_grad=False, generator=None):
     shape, d = _like(t, dtype)
     return rand(shape, dtype=d, device=device or t.device, requires_grad=requires_grad,
                 generator=generator)
 
 
+@recordable(random=True)
 def randn_like(t, dtype=None, device=None, requires_grad=False, generator=None):
     shape, d = _like(t, dtype)
     return randn(shape, dtype=d, device=device or t.device, requires_grad=requires_grad,
                  generator=generator)
 
 
+@recordable(random=True)
 def randint_like(t, low, high=None, dtype=None, device=None, generator=None):
     shape, d = _like(t, dtype)
     return randint(low, high, shape, dtype=d, device=device or t.device, generator=generator)

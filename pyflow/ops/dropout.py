@@ -15,8 +15,6 @@ itself, so dropout is differentiable any number of times.
 """
 import numbers
 
-import numpy as np
-
 from ..autograd import Function
 from ..random import generator_of
 from ._util import check_tensor, compute_array, kernel, wrap
@@ -61,7 +59,7 @@ def dropout(input, p=0.5, training=True, inplace=False, generator=None):
     if not input.dtype.is_floating_point:
         raise RuntimeError(f"dropout(): expected a floating point input, got {input.dtype}")
     p = float(p)
-    seed = int(gen.numpy.integers(0, 1 << 64, dtype=np.uint64))   # advances the generator
+    seed = gen.draw_seed()   # advances the generator
     if inplace:
         from .elementwise import _inplace
         return _inplace(input, lambda s: Dropout.apply(s, p, seed))

@@ -8,13 +8,14 @@ recorded for the backward itself (the usual ``loss.backward()``).
 """
 import numpy as np
 
+from .. import _tracing
 from .. import dtypes as _dt
 from ..autograd import Function, is_grad_enabled
 from ..kernels import scalar as _scalar
 from ..tensor import Tensor
 from ._method import tensor_method
 from ..tensor import TENSOR_TYPES as _TENSOR_TYPES
-from ._util import broadcast_shapes, compute_array, kernel, scalar_of, unbroadcast, wrap
+from ._util import array_module, broadcast_shapes, compute_array, kernel, scalar_of, unbroadcast, wrap
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "exp", "log", "sqrt", "rsqrt",
            "abs", "sign", "sin", "cos", "tanh", "sigmoid", "relu", "gelu", "silu", "reciprocal",
@@ -312,11 +313,13 @@ def minimum(input, other):
 
 
 @tensor_method("floor_divide", "__floordiv__")
+@_tracing.recordable
 def floor_divide(input, other):
     return _elementwise("floor_divide", input, other)
 
 
 @tensor_method("__rfloordiv__")
+@_tracing.recordable
 def _rfloordiv(self, other):
     return _elementwise("floor_divide", other, self)
 
@@ -341,7 +344,7 @@ def _make_compare(name):
         return _elementwise(name, input, other)
     op.__name__ = name
     op.__doc__ = f"Elementwise ``{name}``; returns a bool tensor (not differentiable)."
-    return op
+    return _tracing.recordable(op)
 
 
 eq, ne, lt, le, gt, ge = (_make_compare(n) for n in ("eq", "ne", "lt", "le", "gt", "ge"))
@@ -369,23 +372,28 @@ tensor_method("__xor__", "__rxor__")(_bitwise("^", logical_xor))
 
 
 @tensor_method("logical_not", "__invert__")
+@_tracing.recordable
 def logical_not(input):
     return _elementwise("logical_not", input)
 
 
 @tensor_method()
+@_tracing.recordable
 def equal(input, other):
     """True when both tensors have the same shape and elements."""
     return tuple(input.shape) == tuple(other.shape) and bool(eq(input, other)._data.all())
 
 
 @tensor_method()
+@_tracing.recordable
 def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
-    a, b = np.asarray(input._compute()), np.asarray(other._compute())
-    return wrap(np.isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan), _dt.bool, input.device)
+    a, b = input._compute(), other._compute()
+    xp = array_module(a)          # numpy, or the device's (np.asarray would not work on CuPy)
+    return wrap(xp.isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan), _dt.bool, input.device)
 
 
 @tensor_method()
+@_tracing.recordable
 def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     return bool(isclose(input, other, rtol, atol, equal_nan)._data.all())
 
@@ -396,11 +404,13 @@ def isnan(input):
 
 
 @tensor_method()
+@_tracing.recordable
 def isinf(input):
     return wrap(np.isinf(input._compute()), _dt.bool, input.device)
 
 
 @tensor_method()
+@_tracing.recordable
 def isfinite(input):
     return wrap(np.isfinite(input._compute()), _dt.bool, input.device)
 
@@ -640,6 +650,8 @@ def _inplace(self, op, *others):
     if tuple(res.shape) != tuple(self.shape):
         raise RuntimeError(f"output with shape {tuple(self.shape)} doesn't match the broadcast "
                            f"shape {tuple(res.shape)} of the in-place op")
+    if _tracing.note_inplace(self, res):      # a graph trace records the write instead
+        return self
     self._data[...] = res._data if res.dtype is self.dtype else res.to(self.dtype)._data
     self._version[0] += 1
     if record:

@@ -7,8 +7,9 @@ gather, so double backward works.
 """
 import numpy as np
 
+from .._tracing import recordable
 from ..autograd import Function, no_grad
-from ._util import check_tensor, compute_array, kernel, wrap
+from ._util import array_module, check_same_device, check_tensor, compute_array, kernel, wrap
 
 __all__ = ["embedding"]
 
@@ -39,7 +40,7 @@ class EmbeddingBackward(Function):
         rows = Embedding.apply(gg, idx, -1, False)
         factor = (idx != padding_idx).astype(np.float64)
         if scale_grad_by_freq:
-            counts = np.bincount(idx.reshape(-1), minlength=gg.shape[0])
+            counts = array_module(idx).bincount(idx.reshape(-1), minlength=gg.shape[0])
             factor = factor / counts[idx]
         if not factor.all() or scale_grad_by_freq:
             rows = rows * wrap(factor[..., None], gg.dtype, gg.device)
@@ -48,9 +49,10 @@ class EmbeddingBackward(Function):
 
 def _renorm_(weight, idx, max_norm, norm_type):
     """Rescale (in place, outside autograd) the looked-up rows whose norm exceeds max_norm."""
-    rows = np.unique(idx)
-    w = np.asarray(weight._compute(), np.float64)
-    norms = np.linalg.norm(w[rows], ord=norm_type, axis=1)
+    xp = array_module(idx)            # numpy, or the device's (idx is on weight's device)
+    rows = xp.unique(idx)
+    w = xp.asarray(weight._compute(), np.float64)
+    norms = xp.linalg.norm(w[rows], ord=norm_type, axis=1)
     big = norms > max_norm
     if big.any():
         w = w.copy()
@@ -60,6 +62,7 @@ def _renorm_(weight, idx, max_norm, norm_type):
             weight._version[0] += 1
 
 
+@recordable(differentiable=True)   # checks the indices on the host
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
               scale_grad_by_freq=False, sparse=False):
     """``weight[input]``: one row of ``weight`` (num_embeddings, dim) per index."""
@@ -77,8 +80,10 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
             raise ValueError(f"embedding(): padding_idx must be within num_embeddings "
                              f"(-{num} <= padding_idx < {num}), got {padding_idx}")
         padding_idx = padding_idx % num
-    idx = np.asarray(input._data, np.int64)
-    if idx.size and (idx.min() < 0 or idx.max() >= num):
+    check_same_device("embedding", ("weight", weight), input=input)
+    idx = array_module(input._data).asarray(input._data, np.int64)
+    # (on a device: min and max come to the host, like PyTorch's device-side assert)
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= num):
         bad = idx[(idx < 0) | (idx >= num)].reshape(-1)[0]
         raise IndexError(f"embedding(): index {int(bad)} is out of range for num_embeddings="
                          f"{num} (weight of shape {list(weight.shape)})")

@@ -23,11 +23,13 @@ import operator
 
 import numpy as np
 
+from .. import _tracing
 from .. import dtypes as _dt
 from ..autograd import Function, is_grad_enabled
 from ..tensor import Tensor
 from ._method import tensor_method
-from ._util import broadcast_shapes, check_tensor, compute_array, kernel, unbroadcast, wrap
+from ._util import (array_module, broadcast_shapes, check_tensor, compute_array, kernel,
+                    unbroadcast, wrap)
 from .shape import SliceScatter, SliceView, basic_view, expand, reshape
 
 __all__ = ["gather", "scatter", "scatter_add", "index_select", "index_add", "masked_select",
@@ -102,7 +104,14 @@ def _classify(k):
                      f"tensors are valid indices (got {type(k).__name__})")
 
 
-def _parse(shape, key):
+def _is_array(k):
+    """An advanced-key entry that is an index array (host or device), not a slice."""
+    return not isinstance(k, slice)
+
+
+def _parse(shape, key, xp=np):
+    """Parse ``key`` for a tensor of ``shape`` whose data lives in array module
+    ``xp`` (numpy, or the device's): index arrays end up in ``xp``."""
     if not isinstance(key, tuple):
         key = (key,)
     entries = [_classify(k) for k in key]
@@ -126,7 +135,7 @@ def _parse(shape, key):
             out += 1
         elif kind == "bool":     # x[True] adds a dim of 1, x[False] one of 0
             basic.append(None)
-            adv[out] = np.zeros(1 if v else 0, np.int64)
+            adv[out] = xp.zeros(1 if v else 0, np.int64)
             out += 1
         elif kind == "int":
             size = shape[src]
@@ -139,14 +148,16 @@ def _parse(shape, key):
             src, out = src + 1, out + 1
         elif kind == "array":
             size = shape[src]
-            if v.size:
+            if xp is not np:
+                v = xp.asarray(v)        # a host index (a list) moves to the device
+            if v.size:       # (on a device: one copy of min and max to the host, like a device assert)
                 lo, hi = int(v.min()), int(v.max())
                 bad = hi if hi >= size else lo
                 if hi >= size or lo < -size:
                     raise IndexError(f"index {bad} is out of bounds for dimension {src} "
                                      f"with size {size}")
                 if lo < 0:
-                    v = np.where(v < 0, v + size, v)
+                    v = xp.where(v < 0, v + size, v)
             basic.append(slice(None))
             adv[out] = v
             src, out = src + 1, out + 1
@@ -158,7 +169,7 @@ def _parse(shape, key):
                         raise IndexError(
                             f"The shape of the mask {list(v.shape)} at index {j} does not match "
                             f"the shape of the indexed tensor {list(shape)} at index {src + j}")
-            for col in np.nonzero(v):
+            for col in xp.nonzero(xp.asarray(v) if xp is not np else v):
                 basic.append(slice(None))
                 adv[out] = col.astype(np.int64, copy=False)
                 out += 1
@@ -166,7 +177,7 @@ def _parse(shape, key):
     if adv:
         arrays = list(adv.values())
         try:
-            arrays = np.broadcast_arrays(*arrays)
+            arrays = xp.broadcast_arrays(*arrays)
         except ValueError:
             raise IndexError("shape mismatch: indexing tensors could not be broadcast together "
                              "with shapes " + ", ".join(str(list(a.shape)) for a in arrays)
@@ -181,7 +192,7 @@ def _parse(shape, key):
 
 def _result_shape(view_shape, adv):
     """Shape of ``view[adv]`` without computing it."""
-    dims = [d for d, k in enumerate(adv) if isinstance(k, np.ndarray)]
+    dims = [d for d, k in enumerate(adv) if _is_array(k)]
     b = adv[dims[0]].shape
     rest = [s for d, s in enumerate(view_shape) if d not in dims]
     if dims == list(range(dims[0], dims[-1] + 1)):
@@ -189,33 +200,35 @@ def _result_shape(view_shape, adv):
     return b + tuple(rest)
 
 
-def _accumulate_put(dst, adv, vals):
-    """dst[adv] += vals with duplicate indices accumulating (dst modified in place)."""
-    dims = [d for d, k in enumerate(adv) if isinstance(k, np.ndarray)]
+def _accumulate_put(dst, adv, vals, device="cpu"):
+    """dst[adv] += vals with duplicate indices accumulating (dst modified in place;
+    all arrays on ``device``)."""
+    xp = array_module(dst)
+    dims = [d for d, k in enumerate(adv) if _is_array(k)]
     shape = dst.shape
     sizes = tuple(shape[d] for d in dims)
-    rows = np.ravel_multi_index(tuple(adv[d] for d in dims), sizes).reshape(-1)
-    vals = np.broadcast_to(vals, _result_shape(shape, adv))
+    rows = xp.ravel_multi_index(tuple(adv[d] for d in dims), sizes).reshape(-1)
+    vals = xp.broadcast_to(vals, _result_shape(shape, adv))
     n_b = rows.size
     adjacent = dims == list(range(dims[0], dims[-1] + 1))
     if adjacent and dst.flags.c_contiguous:
         outer = int(np.prod(shape[:dims[0]], dtype=np.int64))
         inner = int(np.prod(shape[dims[-1] + 1:], dtype=np.int64))
         dst3 = dst.reshape(outer, int(np.prod(sizes, dtype=np.int64)), inner)
-        src3 = np.ascontiguousarray(vals).reshape(outer, n_b, inner)
-        kernel("index_add", "cpu")(dst3, rows, src3)
+        src3 = xp.ascontiguousarray(vals).reshape(outer, n_b, inner)
+        kernel("index_add", device)(dst3, rows, src3)
         return dst
     # General case: move the indexed dims first in a contiguous copy, add, copy back.
     rest = [d for d in range(len(shape)) if d not in dims]
     perm = dims + rest
-    tmp = np.ascontiguousarray(np.transpose(dst, perm))
+    tmp = xp.ascontiguousarray(xp.transpose(dst, perm))
     if adjacent:  # the broadcast index dims sit at dims[0] in vals: move them first
         nb = len(adv[dims[0]].shape)
-        vals = np.moveaxis(vals, list(range(dims[0], dims[0] + nb)), list(range(nb)))
+        vals = xp.moveaxis(vals, list(range(dims[0], dims[0] + nb)), list(range(nb)))
     inner = int(np.prod([shape[d] for d in rest], dtype=np.int64))
-    kernel("index_add", "cpu")(tmp.reshape(1, -1, inner), rows,
-                               np.ascontiguousarray(vals).reshape(1, n_b, inner))
-    dst[...] = np.transpose(tmp, np.argsort(perm))
+    kernel("index_add", device)(tmp.reshape(1, -1, inner), rows,
+                                xp.ascontiguousarray(vals).reshape(1, n_b, inner))
+    dst[...] = xp.transpose(tmp, tuple(int(p) for p in np.argsort(perm)))
     return dst
 
 
@@ -239,8 +252,8 @@ class IndexAccumulate(Function):
     @staticmethod
     def forward(ctx, g, shape, adv):
         ctx.adv = adv
-        out = np.zeros(shape, g.dtype.compute)
-        _accumulate_put(out, adv, compute_array(g, g.dtype))
+        out = array_module(g._data).zeros(shape, g.dtype.compute)
+        _accumulate_put(out, adv, compute_array(g, g.dtype), g.device.type)
         return wrap(out, g.dtype, g.device)
 
     @staticmethod
@@ -257,8 +270,8 @@ def _take(t, key):
     return t
 
 
-def _put_array(dst, key, vals, accumulate):
-    """Write ``vals`` (an array in dst's dtype) into the NumPy array ``dst`` at ``key``."""
+def _put_array(dst, key, vals, accumulate, device="cpu"):
+    """Write ``vals`` (an array in dst's dtype) into the array ``dst`` (on ``device``) at ``key``."""
     target = basic_view(dst, key.basic) if key.basic is not None else dst
     try:
         if key.adv is None:
@@ -267,7 +280,7 @@ def _put_array(dst, key, vals, accumulate):
             else:
                 target[...] = vals
         elif accumulate:
-            _accumulate_put(target, key.adv, vals)
+            _accumulate_put(target, key.adv, vals, device)
         else:
             target[key.adv] = vals
     except ValueError as e:
@@ -288,8 +301,9 @@ class IndexPut(Function):
     def forward(ctx, x, values, key, accumulate):
         ctx.key, ctx.accumulate = key, accumulate
         ctx.v_shape, ctx.v_dtype = tuple(values.shape), values.dtype
-        out = np.array(x._compute(), copy=True, order="C")
-        _put_array(out, key, compute_array(values, x.dtype), accumulate)
+        data = x._compute()
+        out = array_module(data).array(data, copy=True, order="C")
+        _put_array(out, key, compute_array(values, x.dtype), accumulate, x.device.type)
         return wrap(out, x.dtype, x.device)
 
     @staticmethod
@@ -297,7 +311,8 @@ class IndexPut(Function):
         gx = gv = None
         if ctx.needs_input_grad[0]:
             gx = g if ctx.accumulate else IndexPut.apply(
-                g, Tensor._make(np.zeros((), g.dtype.storage), g.dtype, g.device), ctx.key, False)
+                g, Tensor._make(array_module(g._data).zeros((), g.dtype.storage), g.dtype, g.device),
+                ctx.key, False)
         if ctx.needs_input_grad[1]:
             gv = unbroadcast(_take(g, ctx.key), ctx.v_shape)
             gv = gv if gv.dtype is ctx.v_dtype else gv.to(ctx.v_dtype)
@@ -338,7 +353,7 @@ def getitem(self, key):
     plain = _plain_key(self._data.shape, key)
     if plain is not None:
         return SliceView.apply(self, plain)
-    return _take(self, _parse(self._data.shape, key))
+    return _take(self, _parse(self._data.shape, key, array_module(self._data)))
 
 
 def _full_mask_fill(self, key, value):
@@ -349,7 +364,7 @@ def _full_mask_fill(self, key, value):
             not (is_grad_enabled() and self.requires_grad)):
         return False
     from .creation import full
-    fill = full((), value, dtype=self.dtype)._data
+    fill = full((), value, dtype=self.dtype, device=self.device)._data
     try:
         np.copyto(self._data, fill, where=key._data)
     except ValueError:
@@ -362,7 +377,7 @@ def _full_mask_fill(self, key, value):
 def setitem(self, key, value):
     if _full_mask_fill(self, key, value):
         return
-    parsed = _parse(self._data.shape, key)
+    parsed = _parse(self._data.shape, key, array_module(self._data))
     value = _as_value_tensor(value, self, "__setitem__")
     if is_grad_enabled() and (self.requires_grad or value.requires_grad):
         from .elementwise import _inplace
@@ -370,7 +385,7 @@ def setitem(self, key, value):
         return
     vals = value._data if value.dtype is self.dtype else \
         kernel("cast", value.device.type)(value._data, value.dtype, self.dtype)
-    _put_array(self._data, parsed, vals, False)
+    _put_array(self._data, parsed, vals, False, self.device.type)
     self._version[0] += 1
 
 
@@ -380,7 +395,7 @@ def index_put(input, indices, values, accumulate=False):
     if not isinstance(indices, (tuple, list)):
         raise TypeError(f"index_put(): indices must be a tuple of Tensors, got "
                         f"{type(indices).__name__}")
-    key = _parse(input._data.shape, tuple(indices))
+    key = _parse(input._data.shape, tuple(indices), array_module(input._data))
     return IndexPut.apply(input, _as_value_tensor(values, input, "index_put"), key,
                           bool(accumulate))
 
@@ -451,9 +466,10 @@ class Gather(Function):
     def forward(ctx, x, d, index):
         ctx.x_shape, ctx.d, ctx.index = x._data.shape, d, index
         data = x._data.reshape(x._data.shape or (1,))
-        idx = np.ascontiguousarray(index._data.reshape(index._data.shape or (1,)), np.int64)
+        xp = array_module(data)
+        idx = xp.ascontiguousarray(index._data.reshape(index._data.shape or (1,)), np.int64)
         _check_bounds(idx, data.shape[d], d, "gather")
-        src = np.ascontiguousarray(data[_region(data.shape, idx.shape, d)])
+        src = xp.ascontiguousarray(data[_region(data.shape, idx.shape, d)])
         out = kernel("gather", x.device.type)(_fold3(src, d), _fold3(idx, d))
         return Tensor._make(out.reshape(index._data.shape), x.dtype, x.device)
 
@@ -472,21 +488,23 @@ class ScatterAdd(Function):
         ctx.d, ctx.index, ctx.accumulate = d, index, accumulate
         ctx.src_shape = tuple(src.shape)
         shape = x._data.shape or (1,)
-        out = np.array(x._compute(), copy=True, order="C").reshape(shape)
-        idx = np.ascontiguousarray(index._data.reshape(index._data.shape or (1,)), np.int64)
+        data = x._compute()
+        xp = array_module(data)
+        out = xp.array(data, copy=True, order="C").reshape(shape)
+        idx = xp.ascontiguousarray(index._data.reshape(index._data.shape or (1,)), np.int64)
         _check_bounds(idx, shape[d], d, "scatter_add" if accumulate else "scatter")
         s = compute_array(src, x.dtype)
-        s = np.ascontiguousarray(s.reshape(s.shape or (1,))[_region(s.shape or (1,), idx.shape, d)])
+        s = xp.ascontiguousarray(s.reshape(s.shape or (1,))[_region(s.shape or (1,), idx.shape, d)])
         region = _region(shape, idx.shape, d)
         run = kernel("scatter", x.device.type)
         if out[region].shape == shape:
             run(_fold3(out, d), _fold3(idx, d), _fold3(s, d), accumulate)
         elif accumulate:   # the index covers part of the other dims: scatter into a block
-            block = np.zeros(out[region].shape, out.dtype)
+            block = xp.zeros(out[region].shape, out.dtype)
             run(_fold3(block, d), _fold3(idx, d), _fold3(s, d), True)
             out[region] += block
         else:
-            block = np.ascontiguousarray(out[region])
+            block = xp.ascontiguousarray(out[region])
             run(_fold3(block, d), _fold3(idx, d), _fold3(s, d), False)
             out[region] = block
         return wrap(out.reshape(x._data.shape), x.dtype, x.device)
@@ -496,8 +514,9 @@ class ScatterAdd(Function):
         gx = gs = None
         if ctx.needs_input_grad[0]:
             gx = g if ctx.accumulate else ScatterAdd.apply(
-                g, ctx.d, ctx.index, Tensor._make(np.zeros(tuple(ctx.index.shape), g.dtype.storage),
-                                                  g.dtype, g.device), False)
+                g, ctx.d, ctx.index,
+                Tensor._make(array_module(g._data).zeros(tuple(ctx.index.shape), g.dtype.storage),
+                             g.dtype, g.device), False)
         if ctx.needs_input_grad[3]:
             gs = Gather.apply(g, ctx.d, ctx.index)
             if tuple(gs.shape) != ctx.src_shape:   # src larger than index: zeros elsewhere
@@ -592,7 +611,7 @@ def _index_vector(index, size, d, op):
     if index.ndim > 1:
         raise IndexError(f"{op}(): index must be a vector (0-d or 1-d), got shape "
                          f"{tuple(index.shape)}")
-    idx = np.ascontiguousarray(index._data.reshape(-1), np.int64)
+    idx = array_module(index._data).ascontiguousarray(index._data.reshape(-1), np.int64)
     _check_bounds(idx, size, d, op)
     return idx
 
@@ -621,11 +640,13 @@ class IndexAdd(Function):
         ctx.d, ctx.index, ctx.alpha = d, index, alpha
         shape = x._data.shape or (1,)
         idx = _index_vector(index, shape[d], d, "index_add")
-        out = np.array(x._compute(), copy=True, order="C").reshape(shape)
+        data = x._compute()
+        xp = array_module(data)
+        out = xp.array(data, copy=True, order="C").reshape(shape)
         s = compute_array(src, x.dtype).reshape(src._data.shape or (1,))
         if alpha != 1:
             s = s * alpha
-        kernel("index_add", x.device.type)(_fold3(out, d), idx, _fold3(np.ascontiguousarray(s), d))
+        kernel("index_add", x.device.type)(_fold3(out, d), idx, _fold3(xp.ascontiguousarray(s), d))
         return wrap(out.reshape(x._data.shape), x.dtype, x.device)
 
     @staticmethod
@@ -677,20 +698,23 @@ def masked_select(input, mask):
         raise RuntimeError(f"masked_select(): expected a bool mask, got {mask.dtype}")
     shape = broadcast_shapes(tuple(input.shape), tuple(mask.shape), op="masked_select")
     x = input if tuple(input.shape) == shape else expand(input, shape)
-    m = np.broadcast_to(mask._data, shape)
-    key = _Key(None, tuple(np.nonzero(m))) if shape else _Key((None,), (m.reshape(1).nonzero()[0],))
+    xp = array_module(mask._data)
+    m = xp.broadcast_to(mask._data, shape)
+    key = _Key(None, tuple(xp.nonzero(m))) if shape else _Key((None,), (m.reshape(1).nonzero()[0],))
     return _take(x, key)
 
 
 @tensor_method()
+@_tracing.data_dependent_shape
 def nonzero(input, *, as_tuple=False):
     """Indices of the non-zero elements: an (n, ndim) int64 tensor, or ndim 1-D tensors."""
     check_tensor(input, "input", "nonzero")
     data = input._data if input.dtype is not _dt.bfloat16 else input._compute()
+    xp = array_module(data)
     if as_tuple:
-        cols = np.nonzero(data) if data.ndim else np.nonzero(data.reshape(1))
+        cols = xp.nonzero(data) if data.ndim else xp.nonzero(data.reshape(1))
         return tuple(Tensor._make(c.astype(np.int64), _dt.int64, input.device) for c in cols)
-    return Tensor._make(np.argwhere(data).astype(np.int64), _dt.int64, input.device)
+    return Tensor._make(xp.argwhere(data).astype(np.int64), _dt.int64, input.device)
 
 
 @tensor_method()

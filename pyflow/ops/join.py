@@ -9,6 +9,7 @@ scatter-adds, so the reflected border gets both contributions).
 """
 import numpy as np
 
+from .. import _tracing
 from .. import dtypes as _dt
 from ..autograd import Function
 from ..tensor import Tensor
@@ -176,6 +177,13 @@ def triu(input, diagonal=0):
 # ------------------------------------------------------------------ one_hot
 def one_hot(tensor, num_classes=-1):
     """int64 tensor of shape ``tensor.shape + (num_classes,)`` (F.one_hot)."""
+    if num_classes == -1:
+        _tracing.refuse_data_dependent_shape("one_hot(num_classes=-1)")
+    return _one_hot(tensor, num_classes)
+
+
+@_tracing.recordable
+def _one_hot(tensor, num_classes):
     check_tensor(tensor, "tensor", "one_hot")
     if tensor.dtype is not _dt.int64:
         raise RuntimeError(f"one_hot is only applicable to index tensor of dtype int64, got "
@@ -212,7 +220,7 @@ class PadConstant(Function):
             src.append(slice(max(-lo, 0), n - max(-hi, 0)))
             dst.append(slice(max(lo, 0), max(lo, 0) + max(n - max(-lo, 0) - max(-hi, 0), 0)))
         from .creation import full
-        fill = full((), value, dtype=x.dtype)._data
+        fill = full((), value, dtype=x.dtype, device=x.device)._data
         out = kernel("pad_constant", x.device.type)(x._data, tuple(out_shape), tuple(src),
                                                     tuple(dst), fill)
         return Tensor._make(out, x.dtype, x.device)
@@ -281,7 +289,8 @@ def pad(input, pad, mode="constant", value=None):
         if mode == "circular" and (lo > n or hi > n):
             raise RuntimeError(f"pad(): Padding value causes wrapping around more than once "
                                f"(padding ({lo}, {hi}) at dimension {d} of size {n})")
-        out = index_select(out, d, tensor(_pad_index(n, lo, hi, mode), dtype=_dt.int64))
+        out = index_select(out, d, tensor(_pad_index(n, lo, hi, mode), dtype=_dt.int64,
+                                          device=input.device))
     return out
 
 

@@ -12,9 +12,11 @@ import numbers
 
 import numpy as np
 
+from .._tracing import recordable
 from .. import dtypes as _dt
 from ..autograd import Function
-from ._util import check_tensor, compute_array, kernel, unbroadcast, wrap
+from ._util import (array_module, as_array, check_same_device, check_tensor, compute_array,
+                    kernel, unbroadcast, wrap)
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss",
            "binary_cross_entropy_with_logits", "binary_cross_entropy"]
@@ -48,6 +50,7 @@ def _rows(input, target, op):
     array, the unreduced loss shape and the number of classes."""
     check_tensor(input, "input", op)
     check_tensor(target, "target", op)
+    check_same_device(op, ("input", input), target=target)
     if input.ndim == 0:
         raise ValueError(f"{op}(): input must have at least 1 dim (C) or (N, C, ...), got a "
                          f"0-dim tensor")
@@ -73,20 +76,24 @@ def _check_targets(t, C, ignore_index, op):
         raise TypeError(f"{op}(): class-index target must be an integer tensor (int64), got "
                         f"{t.dtype}")
     valid = t[t != ignore_index]
-    if valid.size and (valid.min() < 0 or valid.max() >= C):
+    # (on a device: min and max come to the host, like PyTorch's device-side assert)
+    if valid.size and (int(valid.min()) < 0 or int(valid.max()) >= C):
         bad = valid[(valid < 0) | (valid >= C)][0]
         raise IndexError(f"{op}(): target {int(bad)} is out of bounds for {C} classes "
                          f"(expected 0 <= target < {C}, or ignore_index={ignore_index})")
     return t.astype(np.int64, copy=False)
 
 
-def _check_weight(weight, C, op):
+def _check_weight(weight, C, op, input):
+    """``weight`` checked: C elements, on ``input``'s device."""
     if weight is None:
-        return
+        return None
     check_tensor(weight, "weight", op)
     if tuple(weight.shape) != (C,):
         raise RuntimeError(f"{op}(): weight must be a 1-D tensor of {C} elements (one per "
                            f"class), got shape {list(weight.shape)}")
+    check_same_device(op, ("input", input), weight=weight)
+    return weight
 
 
 def _target_weight_sum(t, weight, ignore_index):
@@ -94,7 +101,8 @@ def _target_weight_sum(t, weight, ignore_index):
     kept = t[t != ignore_index]
     if weight is None:
         return float(kept.size)
-    return float(np.sum(np.asarray(weight._compute(), np.float64)[kept]))
+    w = weight._compute()
+    return float(array_module(w).asarray(w, np.float64)[kept].sum())
 
 
 def _finish(loss_rows, t, weight, ignore_index, reduction, out_shape):
@@ -130,11 +138,12 @@ class CrossEntropy(Function):
             from .softmax import softmax
             p = softmax(x, 1)
             C = x.shape[1]
-            wt = np.ones(C) if w is None else np.asarray(w, np.float64)
+            xp = array_module(target)           # numpy, or the device's
+            wt = xp.ones(C) if w is None else xp.asarray(w, np.float64)
             keep = (target != ignore_index)
-            onehot = np.zeros((target.size, C))
-            onehot[np.nonzero(keep)[0], target[keep]] = 1.0
-            a = (1 - smoothing) * wt[np.where(keep, target, 0)] * keep       # per row
+            onehot = xp.zeros((target.size, C))
+            onehot[xp.nonzero(keep)[0], target[keep]] = 1.0
+            a = (1 - smoothing) * wt[xp.where(keep, target, 0)] * keep       # per row
             b = smoothing / C * keep
             coef_p = wrap((a + b * wt.sum())[:, None], dt, x.device)
             const = wrap(a[:, None] * onehot + b[:, None] * wt[None, :], dt, x.device)
@@ -144,6 +153,7 @@ class CrossEntropy(Function):
         return wrap(dx, dt, x.device), None, None, None, None
 
 
+@recordable(differentiable=True)   # checks and counts targets on the host
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                   reduction="mean", label_smoothing=0.0):
     """Cross entropy of logits ``input`` (C), (N, C) or (N, C, d1, ...) against class
@@ -159,7 +169,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     if target.dtype.is_floating_point:
         return _cross_entropy_probs(input, target, weight, reduction, label_smoothing)
     x, t, out_shape, C = _rows(input, target, "cross_entropy")
-    _check_weight(weight, C, "cross_entropy")
+    weight = _check_weight(weight, C, "cross_entropy", input)
     t = _check_targets(t, C, ignore_index, "cross_entropy")
     loss = CrossEntropy.apply(x, t, weight, int(ignore_index), float(label_smoothing))
     return _finish(loss, t, weight, ignore_index, reduction, out_shape)
@@ -173,7 +183,7 @@ def _cross_entropy_probs(input, target, weight, reduction, smoothing):
                            f"the input's shape {list(input.shape)}, got {list(target.shape)}")
     class_dim = 0 if input.ndim == 1 else 1
     C = input.shape[class_dim]
-    _check_weight(weight, C, "cross_entropy")
+    weight = _check_weight(weight, C, "cross_entropy", input)
     q = target if smoothing == 0 else target * (1.0 - smoothing) + smoothing / C
     wq = q if weight is None else q * weight.reshape((C,) + (1,) * (input.ndim - class_dim - 1))
     loss = -(log_softmax(input, class_dim) * wq).sum(class_dim)
@@ -214,6 +224,7 @@ class NLLLossBackward(Function):
         return wrap(loss, gg.dtype, gg.device), None, None, None, None
 
 
+@recordable(differentiable=True)   # checks and counts targets on the host
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
              reduction="mean"):
     """Negative log likelihood of log-probabilities ``input`` at class indices ``target``."""
@@ -221,7 +232,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     x, t, out_shape, C = _rows(input, target, "nll_loss")
     if not input.dtype.is_floating_point:
         raise RuntimeError(f"nll_loss(): expected a floating point input, got {input.dtype}")
-    _check_weight(weight, C, "nll_loss")
+    weight = _check_weight(weight, C, "nll_loss", input)
     t = _check_targets(t, C, ignore_index, "nll_loss")
     loss = NLLLoss.apply(x, t, weight, int(ignore_index))
     return _finish(loss, t, weight, ignore_index, reduction, out_shape)
@@ -265,7 +276,7 @@ class BCEWithLogits(Function):
         ctx.unweighted, ctx.softplus_neg = loss, sp
         if weight is not None:
             loss = loss * compute_array(weight, dt)
-        return wrap(np.asarray(loss), dt, x.device)
+        return wrap(as_array(loss), dt, x.device)
 
     @staticmethod
     def backward(ctx, g):
@@ -325,7 +336,8 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
         raise ValueError(f"binary_cross_entropy(): target size ({list(target.shape)}) must be "
                          f"the same as input size ({list(input.shape)})")
     p = input.detach()._compute()
-    if p.size and (np.nanmin(p) < 0 or np.nanmax(p) > 1):
+    xp = array_module(p)
+    if p.size and (float(xp.nanmin(p)) < 0 or float(xp.nanmax(p)) > 1):
         raise RuntimeError("binary_cross_entropy(): all elements of input should be between "
                            "0 and 1")
     with np.errstate(divide="ignore"):   # log(0) = -inf, clamped like PyTorch

@@ -12,9 +12,10 @@ import numbers
 
 import numpy as np
 
+from .._tracing import recordable
 from ..autograd import Function, is_grad_enabled
 from ..tensor import Tensor
-from ._util import check_tensor, compute_array, kernel, wrap
+from ._util import array_module, check_tensor, compute_array, kernel, wrap
 
 __all__ = ["layer_norm", "batch_norm"]
 
@@ -157,11 +158,13 @@ def _batch_norm_grads(g, x, w, ctx):
 
 def _update_running(buf, batch_value, momentum):
     """buf = (1 - momentum) * buf + momentum * batch_value, in place, no autograd."""
-    new = (1.0 - momentum) * np.asarray(buf._compute(), np.float64) + momentum * batch_value
+    old = buf._compute()
+    new = (1.0 - momentum) * array_module(old).asarray(old, np.float64) + momentum * batch_value
     buf._data[...] = wrap(new, buf.dtype, buf.device)._data
     buf._version[0] += 1
 
 
+@recordable(differentiable=True)   # reads and updates the running statistics
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
                momentum=0.1, eps=1e-5):
     """Batch normalization over (N, C), (N, C, L), (N, C, H, W) ... inputs, per channel C."""
@@ -199,5 +202,5 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                                "training=False (evaluation uses the running statistics)")
         mean = compute_array(running_mean, dt).copy()
         var = compute_array(running_var, dt)
-    rstd = (1.0 / np.sqrt(var.astype(np.float64) + eps)).astype(mean.dtype)
+    rstd = (1.0 / array_module(var).sqrt(var.astype(np.float64) + eps)).astype(mean.dtype)
     return BatchNorm.apply(input, weight, bias, mean, rstd, bool(training), float(eps))

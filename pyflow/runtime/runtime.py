@@ -5,7 +5,8 @@
 
 `Runtime(graph)` checks the graph once (taskgraph.py: every input resolves,
 no cycle without an initial value, enough registers to go round every cycle).
-Each `run()` then creates fresh actors and one thread per stream, preloads
+Each `run()` then creates fresh actors and runs one thread per stream (pooled
+across runs, see stream.py), preloads
 the initial values, sends every actor `Start`, and waits; from then on the
 actors only react to each other's messages.  The caller's thread does nothing
 but watch:
@@ -159,7 +160,7 @@ class _Run:
             for index, value in spec.initial.items():
                 self.actors[spec.name].preload(index, value)
         for s in self.streams.values():
-            s.thread.start()
+            s.start()
         try:
             for actor in self.actors.values():
                 actor.stream.queue.put((actor, START))
@@ -172,7 +173,7 @@ class _Run:
                 for s in self.streams.values():
                     s.queue.put((None, STOP))
             for s in self.streams.values():
-                s.thread.join(JOIN_S)
+                s.join(JOIN_S)
         if self.error is not None:
             actor, exc, iteration = self.error
             raise ActorError(f"actor '{actor.name}' (stream '{actor.stream.name}') failed at "

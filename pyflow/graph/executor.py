@@ -1,0 +1,196 @@
+"""Running a compiled graph: one ``Step`` per node, run in order or by actors.
+
+A ``Step`` turns a Node into a plain Python callable over the Values it is
+fed: the graph's inputs and other nodes' outputs.  State Values (parameters,
+buffers) are read live from their tensors; ``const`` Values hold their folded
+tensors.  A ``call`` node whose op has a backward also emits its autograd
+``Context``, which the matching ``backward`` step consumes: that is how saved
+activations travel from the forward to the backward, in the sequential
+executor (a dict) and between actors (a register, like any other value).
+
+``run_sequential`` walks the steps in graph order and drops every value after
+its last use (the liveness from ``passes.memory``); ``lowering.py`` builds an
+actor task graph from the same steps.
+"""
+from .. import autograd
+from ..autograd import Context, set_grad_enabled
+from .ir import iter_values, substitute
+
+
+class Step:
+    """A node made runnable: ``step(*fed_values[, ctx]) -> tuple``."""
+
+    def __init__(self, node, graph, emits_ctx, out_meta=None):
+        self.node = node
+        self.kind = node.kind
+        fed, seen = [], set()
+        for v in node.inputs:
+            if v.kind in ("input", "node") and v.id not in seen:
+                seen.add(v.id)
+                fed.append(v)
+        self.feeds = fed                        # Values to pass in, in this order
+        self.emits_ctx = emits_ctx              # a call node whose ctx a backward needs
+        self.wants_ctx = node.kind == "backward"
+        self.out_meta = out_meta                # backward: (shape, dtype, device) per grad
+        self._index = {v.id: i for i, v in enumerate(fed)}
+        self.accumulate = False                 # set_grad adds into .grad (micro-batches)
+        self.skip_update = False                # not the last micro-batch: no optimizer step
+        self.backward_slots = ()                # eager forward: input positions to differentiate
+
+    @property
+    def name(self):
+        return self.node.name
+
+    def _lookup(self, values):
+        index = self._index
+
+        def lookup(v):
+            if v.kind in ("state", "const"):
+                return v.tensor
+            return values[index[v.id]]
+        return lookup
+
+    def __call__(self, *values):
+        node, kind = self.node, self.kind
+        if kind == "call":
+            args = substitute((node.args, node.kwargs), self._lookup(values))
+            ctx = Context()
+            with set_grad_enabled(False):
+                out = node.target.forward(ctx, *args[0], **args[1])
+            outs = out if type(out) is tuple else (out,)
+            return outs + (ctx,) if self.emits_ctx else outs
+        if kind == "fn":
+            if self.emits_ctx:
+                return self._eager_forward(values)
+            args = substitute((node.args, node.kwargs), self._lookup(values))
+            with set_grad_enabled(False):
+                out = node.target(*args[0], **args[1])
+            return out if isinstance(out, tuple) else (out,)
+        if kind == "backward":
+            if node.attrs["eager"]:
+                return self._eager_backward(values)
+            return self._backward(values)
+        if kind == "seed":
+            return (node.target.draw_seed(),)
+        if kind == "assign":
+            (new,) = substitute(node.args, self._lookup(values))
+            t = node.target
+            t._data[...] = new._data
+            t._version[0] += 1
+            return ()
+        if kind == "set_grad":
+            (g,) = substitute(node.args, self._lookup(values))
+            p = node.target
+            g = g.detach()
+            if self.accumulate and p.grad is not None:
+                p.grad = p.grad + g
+            else:
+                p.grad = g.clone() if g._data.base is not None else g
+            return ()
+        if kind == "update":
+            if self.skip_update:
+                return ()
+            with autograd.no_grad():
+                node.target()
+            return ()
+        raise RuntimeError(f"unknown node kind {kind!r}")
+
+    def _eager_forward(self, values):
+        """An op recorded whole, run with eager autograd: the inputs that need a
+        gradient become fresh leaves, and (outputs, leaves) is the ctx."""
+        node = self.node
+        slots = set(self.backward_slots)
+        lookup = self._lookup(values)
+        position = iter(range(1 << 62))
+        leaves = []
+
+        def leaf_or_value(v):
+            t = lookup(v)
+            if next(position) in slots:
+                t = t.detach().requires_grad_(True)
+                leaves.append(t)
+            return t
+        args = substitute((node.args, node.kwargs), leaf_or_value)
+        with set_grad_enabled(True):
+            out = node.target(*args[0], **args[1])
+        outs = out if isinstance(out, tuple) else (out,)
+        return tuple(o.detach() for o in outs) + ((outs, leaves),)
+
+    def _eager_backward(self, values):
+        from .. import ops
+        outs, leaves = values[-1]
+        grads = substitute(self.node.args, self._lookup(values[:-1]))
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+        res = [None] * len(leaves)
+        if pairs:
+            res = autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
+                                allow_unused=True)
+        return tuple(g if g is not None else ops.zeros(v.shape, dtype=v.dtype, device=v.device)
+                     for g, v in zip(res, self.node.outputs))
+
+    def _backward(self, values):
+        from .. import ops
+        node = self.node
+        ctx = values[-1]
+        grads = list(substitute(node.args, self._lookup(values[:-1])))
+        if ctx.materialize_grads:
+            grads = [g if g is not None else ops.zeros(s, dtype=d, device=dev)
+                     for g, (s, d, dev) in zip(grads, self.out_meta)]
+        ctx.needs_input_grad = node.attrs["needs_input_grad"]
+        with set_grad_enabled(False):
+            res = node.target.backward(ctx, *grads)
+        if not isinstance(res, tuple):
+            res = (res,)
+        out = []
+        for slot, v in zip(node.attrs["slots"], node.outputs):
+            g = res[slot] if slot < len(res) else None
+            out.append(g if g is not None else ops.zeros(v.shape, dtype=v.dtype, device=v.device))
+        return tuple(out)
+
+
+def make_steps(graph):
+    """One Step per node of ``graph``."""
+    backward_of = {n.attrs["forward"]: n for n in graph.nodes if n.kind == "backward"}
+    by_id = {n.id: n for n in graph.nodes}
+    steps = []
+    for node in graph.nodes:
+        meta = None
+        if node.kind == "backward":
+            fwd = by_id[node.attrs["forward"]]
+            meta = [(o.shape, o.dtype, o.device) for o in fwd.outputs]
+        step = Step(node, graph, node.id in backward_of, meta)
+        if node.id in backward_of:
+            step.backward_slots = backward_of[node.id].attrs["slots"]
+        steps.append(step)
+    return steps
+
+
+def run_sequential(graph, steps, inputs, release):
+    """Run ``steps`` in order on ``inputs`` (tensors, one per graph input).
+    ``release[i]`` lists the Value ids whose last reader is step i."""
+    env = {v.id: x for v, x in zip(graph.inputs, inputs)}
+    ctxs = {}
+    for i, step in enumerate(steps):
+        vals = [env[v.id] for v in step.feeds]
+        if step.wants_ctx:
+            vals.append(ctxs.pop(step.node.attrs["forward"]))
+        res = step(*vals)
+        if step.emits_ctx:
+            ctxs[step.node.id] = res[-1]
+            res = res[:-1]
+        for v, r in zip(step.node.outputs, res):
+            env[v.id] = r
+        for vid in release[i]:
+            env.pop(vid, None)
+    return _outputs(graph, env)
+
+
+def _outputs(graph, env):
+    def lookup(v):
+        if v.kind in ("state", "const"):
+            return v.tensor
+        return env[v.id]
+    return substitute(graph.outputs, lookup)
+
+
+__all__ = ["Step", "make_steps", "run_sequential", "iter_values"]

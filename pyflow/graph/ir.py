@@ -1,0 +1,182 @@
+"""The logical IR of a traced graph: Values and Nodes, in program order.
+
+A ``Value`` is one tensor of the computation: a graph input, a captured
+``state`` tensor (parameters, buffers and any other tensor that existed before
+tracing: read live at every run, never frozen), a ``const`` (made at compile
+time by constant folding) or the output of a ``Node``.  Values are SSA: an
+in-place op on a tensor makes a new Value, and an ``assign`` node writes it
+back when the tensor is state.
+
+A ``Node`` is one call.  Its ``kind`` says how the executor runs it:
+
+=============  =================================================================
+``call``       ``target.forward(ctx, *args)`` of an autograd ``Function``; the
+               ctx is kept for the node's backward
+``fn``         a plain function (comparisons, creation ops, ...): not
+               differentiable
+``backward``   ``target.backward(ctx, *grads)`` with the ctx of the forward
+               node ``attrs["forward"]`` (added by the autograd pass)
+``seed``       draws a fresh seed from a generator (dropout), once per run
+``assign``     copies a Value into a state tensor (in-place updates,
+               BatchNorm's running statistics)
+``set_grad``   stores a parameter's gradient (``.grad``)
+``update``     the optimizer step (and LR scheduler step) of ``add_optimizer``
+=============  =================================================================
+
+``args`` is a template: Python values as they were passed, with every tensor
+replaced by its ``Value`` (also inside lists and tuples).  Passes never
+mutate a Graph: each returns a new one (``Graph.copy``) and appends a line
+to ``history`` saying what it changed, which ``explain`` prints.
+"""
+import copy
+import itertools
+from dataclasses import dataclass, field
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Value:
+    shape: tuple
+    dtype: object
+    device: object
+    kind: str                      # "input", "state", "const" or "node"
+    name: str = ""
+    producer: object = None        # the Node making it (kind "node")
+    tensor: object = None          # the live tensor of "state", the folded one of "const"
+    id: int = field(default_factory=lambda: next(_ids))
+
+    @property
+    def nbytes(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * self.dtype.itemsize
+
+    def __repr__(self):
+        return f"%{self.name or self.id}"
+
+    def describe(self):
+        dims = "x".join(str(s) for s in self.shape) or "scalar"
+        return f"{self!r}:{self.dtype.name}[{dims}]"
+
+
+@dataclass(eq=False)
+class Node:
+    kind: str
+    target: object
+    args: tuple
+    kwargs: dict
+    outputs: list
+    attrs: dict = field(default_factory=dict)
+    name: str = ""
+    id: int = field(default_factory=lambda: next(_ids))
+
+    @property
+    def inputs(self):
+        """Every Value the node reads, in argument order (duplicates kept)."""
+        return [v for v in iter_values((self.args, self.kwargs))]
+
+    @property
+    def op_name(self):
+        if self.kind in ("call", "backward"):
+            name = self.target.__name__
+            return name + "Backward" if self.kind == "backward" else name
+        if self.kind == "fn":
+            return getattr(self.target, "__name__", str(self.target))
+        return self.kind
+
+    @property
+    def has_side_effect(self):
+        return (self.kind in ("seed", "assign", "set_grad", "update")
+                or bool(self.attrs.get("random")) or bool(self.attrs.get("writes")))
+
+    @property
+    def writes(self):
+        """State Values this node writes (in place, when it runs)."""
+        if self.kind == "assign":
+            return [self.attrs["state"]]
+        return list(self.attrs.get("writes", ()))
+
+    def __repr__(self):
+        outs = ", ".join(v.describe() for v in self.outputs)
+        ins = ", ".join(repr(v) for v in self.inputs)
+        return f"{outs or '()'} = {self.op_name}({ins})"
+
+
+def iter_values(template):
+    """The Values inside an args template (nested lists, tuples, dicts)."""
+    return iter_instances(template, Value)
+
+
+def iter_instances(obj, kind):
+    """Every instance of ``kind`` inside ``obj`` (nested lists, tuples, dicts)."""
+    if isinstance(obj, kind):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from iter_instances(o, kind)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from iter_instances(o, kind)
+
+
+def substitute(template, lookup):
+    """``template`` with every Value replaced by ``lookup(value)``."""
+    if isinstance(template, Value):
+        return lookup(template)
+    if isinstance(template, list):
+        return [substitute(t, lookup) for t in template]
+    if isinstance(template, tuple):
+        return rebuild_tuple(template, [substitute(t, lookup) for t in template])
+    if isinstance(template, dict):
+        return {k: substitute(t, lookup) for k, t in template.items()}
+    return template
+
+
+def rebuild_tuple(original, items):
+    """A tuple of ``items`` of ``original``'s type (namedtuples, pyflow.Size)."""
+    kind = type(original)
+    if kind is tuple:
+        return tuple(items)
+    if hasattr(kind, "_fields"):
+        return kind(*items)
+    return kind(items)
+
+
+@dataclass
+class Graph:
+    """A traced program: nodes in an order that respects every dependency."""
+    nodes: list
+    inputs: list                   # Values of build()'s tensor arguments
+    outputs: object                # build()'s return value as a template
+    state: list                    # captured tensors (kind "state")
+    backward: tuple = None         # (loss Value, grad Value or None) from loss.backward()
+    history: list = field(default_factory=list)
+    memory: object = None          # the MemoryPlan of passes.memory
+
+    def copy(self):
+        """A shallow copy: new node list, shared Values and Nodes (passes
+        replace nodes rather than editing them)."""
+        g = copy.copy(self)
+        g.nodes = list(self.nodes)
+        g.history = list(self.history)
+        return g
+
+    def output_values(self):
+        return list(iter_values(self.outputs))
+
+    def consumers(self):
+        """{value id: [nodes reading it]}"""
+        users = {}
+        for n in self.nodes:
+            for v in n.inputs:
+                users.setdefault(v.id, []).append(n)
+        return users
+
+    def __str__(self):
+        lines = [f"graph(inputs: {', '.join(v.describe() for v in self.inputs) or 'none'})"]
+        lines += [f"  {n!r}" for n in self.nodes]
+        outs = ", ".join(repr(v) for v in self.output_values())
+        lines.append(f"  return {outs}")
+        return "\n".join(lines)

@@ -1,0 +1,148 @@
+"""A compiled plan: the passes applied to one trace, ready to run.
+
+``compile_plan`` traces ``build`` on the first inputs of a signature, runs
+the passes in order
+
+    trace -> fuse_elementwise -> fuse_add_to_output -> autograd -> optimizer
+          -> constant_folding -> dead_code_elimination -> plan_memory
+
+and keeps every intermediate Graph (``plan.stages``) so ``explain`` can show
+what each pass changed.  ``Plan.run`` executes one call: the micro-batches
+of gradient accumulation one after another (gradients summed), then the
+optimizer update.
+"""
+from .. import random as _random
+from ..ops.join import cat
+from ..tensor import Tensor
+from . import passes
+from .executor import make_steps, run_sequential
+from .ir import Node
+from .tracer import trace
+
+
+class Plan:
+    def __init__(self, stages, accumulation, executor):
+        self.stages = stages                  # [(pass name, Graph)], the last is run
+        self.graph = stages[-1][1]
+        self.accumulation = accumulation
+        self.executor = executor
+        self.steps = make_steps(self.graph)
+        self._task_graph = None
+
+    @property
+    def task_graph(self):
+        """The actor task graph of one micro-batch (built on first use)."""
+        if self._task_graph is None:
+            from .lowering import lower
+            self._task_graph = lower(self.graph, self.steps)
+        return self._task_graph
+
+    def _run_once(self, inputs):
+        if self.executor == "sequential":
+            return run_sequential(self.graph, self.steps, inputs, self.graph.memory.release)
+        from .lowering import run_actors
+        return run_actors(self, inputs)
+
+    def run(self, inputs):
+        n = self.accumulation
+        tensors = [x for x in inputs if isinstance(x, Tensor)]
+        if n == 1:
+            out = self._run_once(tensors)
+        else:
+            chunks = [x.chunk(n, 0) for x in tensors]
+            outs = []
+            for k in range(n):
+                for s in self.steps:
+                    s.accumulate = k > 0            # set_grad adds to the earlier micro-batches'
+                    s.skip_update = k < n - 1       # the optimizer steps after the last one
+                outs.append(self._run_once([c[k] for c in chunks]))
+            out = _combine(outs)
+        return out
+
+
+def _combine(outs):
+    """Outputs of the micro-batches as one: scalars averaged (a mean loss stays
+    the full batch's mean), other tensors concatenated along dim 0."""
+    first = outs[0]
+    if isinstance(first, Tensor):
+        if first.ndim == 0:
+            total = first
+            for o in outs[1:]:
+                total = total + o
+            return total / len(outs)
+        return cat(outs, 0)
+    if isinstance(first, (list, tuple)):
+        return type(first)(_combine([o[i] for o in outs]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: _combine([o[k] for o in outs]) for k in first}
+    return first
+
+
+def split_for_accumulation(inputs, n):
+    """The first micro-batch of each tensor input (the trace's shapes)."""
+    out = []
+    for i, x in enumerate(inputs):
+        if isinstance(x, Tensor) and n > 1:
+            if x.ndim == 0 or x.shape[0] % n:
+                raise ValueError(
+                    f"gradient accumulation of {n} steps splits every tensor input along dim 0; "
+                    f"input {i} has shape {tuple(x.shape)}, whose dim 0 is not a multiple of {n}")
+            x = x.chunk(n, 0)[0]
+        out.append(x)
+    return out
+
+
+def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
+                 executor="actors", fuse_elementwise=True, fuse_add_to_output=False):
+    """Trace ``build`` and return the Plan for this input signature."""
+    generator = _random.default_generator
+    rng_state = generator.get_state()      # the trace must not shift the random stream
+    try:
+        graph = trace(build, split_for_accumulation(inputs, accumulation), state_names)
+    finally:
+        generator.set_state(rng_state)
+    if optimizers and graph.backward is None:
+        raise RuntimeError("the graph has an optimizer (add_optimizer) but build() never calls "
+                           "loss.backward()")
+    stages = [("trace", graph)]
+    for name, run in (("fuse_elementwise", passes.fuse_elementwise if fuse_elementwise
+                       else _skipped("fuse_elementwise")),
+                      ("fuse_add_to_output", passes.fuse_add_to_output if fuse_add_to_output
+                       else _skipped("fuse_add_to_output")),
+                      ("autograd", lambda g: passes.autograd(g, 1.0 / accumulation)),
+                      ("optimizer", lambda g: add_update(g, optimizers)),
+                      ("constant_folding", passes.constant_folding),
+                      ("dead_code_elimination", passes.dead_code_elimination),
+                      ("plan_memory", passes.plan_memory)):
+        graph = run(graph)
+        stages.append((name, graph))
+    return Plan(stages, accumulation, executor)
+
+
+def _skipped(name):
+    def skip(graph):
+        g = graph.copy()
+        g.history.append((name, "off (graph.config)"))
+        return g
+    return skip
+
+
+def add_update(graph, optimizers):
+    """IR -> IR: one ``update`` node after the backward that steps every
+    optimizer of ``add_optimizer`` (and its LR scheduler).  Each optimizer's
+    step is already one fused kernel per parameter."""
+    if not optimizers:
+        return graph
+
+    def update():
+        for opt, sched in optimizers:
+            opt.step()
+            if sched is not None:
+                sched.step()
+    g = graph.copy()
+    g.nodes.append(Node("update", update, (), {}, [], {}, name="optimizer_update"))
+    g.history.append(("optimizer", f"+1 update node stepping {len(optimizers)} optimizer(s)"))
+    return g
+
+
+__all__ = ["Plan", "compile_plan", "Node"]
