@@ -10,7 +10,7 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import op_overhead, train_step  # noqa: E402
+from bench import graph_step, op_overhead, train_step  # noqa: E402
 from bench.common import machine, table  # noqa: E402
 
 if __name__ == "__main__":
@@ -19,3 +19,5 @@ if __name__ == "__main__":
     print(table(rows, ["op (4x4 float32)", "pyflow us", "torch us", "pyflow/torch time"]))
     print()
     print(table(train_step.run(), train_step.HEADERS))
+    print()
+    print(table(graph_step.run(), graph_step.HEADERS))
