@@ -72,7 +72,16 @@ class Runtime:
         """`check=False` skips the liveness check (to watch a deadlock get reported)."""
         graph.check(liveness=check)
         self.graph = graph
-        self.stats = None
+        self._last_run = None
+        self._stats = None
+
+    @property
+    def stats(self):
+        """RunStats of the last run (computed on first access: a compiled graph
+        runs once per training step and rarely asks)."""
+        if self._stats is None and self._last_run is not None:
+            self._stats = self._last_run.stats()
+        return self._stats
 
     def describe(self):
         return self.graph.describe()
@@ -95,7 +104,7 @@ class Runtime:
         try:
             return run.execute(timeout)
         finally:
-            self.stats = run.stats()
+            self._last_run, self._stats = run, None
             if trace_path:
                 tracer.write(trace_path)
 
