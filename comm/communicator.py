@@ -1,0 +1,496 @@
+"""``Communicator``: MPI collectives and point-to-point on pyflow Tensors.
+
+Every byte between ranks moves in an MPI call (mpi4py); this module only
+decides which buffer to hand over (``staging.MPIBuffer``), converts half
+precision for reductions, and checks that the ranks agree before a collective.
+
+Conventions (those of ``torch.distributed`` where it has one):
+
+* ``all_reduce``, ``broadcast`` and ``recv`` work **in place** and return the
+  tensor; ``all_gather``, ``reduce_scatter`` and ``all_to_all`` return a new
+  tensor on the input's device.
+* ``all_gather`` **concatenates** along dim 0 (``all_gather_into_tensor``):
+  ``(n, *rest)`` on each rank gives ``(size * n, *rest)``, rank r's piece at
+  rows ``[r*n, (r+1)*n)``; a 0-d tensor gives shape ``(size,)``.  That is the
+  S(0) -> B boxing step.
+* ``reduce_scatter`` and ``all_to_all`` split dim 0 into ``size`` equal chunks
+  (dim 0 must be divisible by ``size``): chunk j goes to rank j.
+* ``op``: ``"sum" | "avg" | "max" | "min"``.  On bool tensors sum and max are
+  a logical or and min a logical and (MPI has no arithmetic on bool); avg needs
+  a floating point tensor.
+* float16 and bfloat16 (stored as uint16 words) **reductions** run in float32:
+  each rank converts to float32 on its device, MPI reduces float32, the result
+  is rounded back once.  MPI has no 16-bit float arithmetic, a user-defined
+  MPI op would run Python per chunk, and rounding once at the end is also more
+  accurate than rounding at every hop; the price is twice the bytes on the
+  wire.  Data movement (gather, broadcast, all_to_all, send/recv) sends the
+  16-bit words unchanged.
+* Non-blocking forms (``iall_reduce``, ``iall_gather``, ``ireduce_scatter``,
+  ``iall_to_all``, ``ibroadcast``, ``isend``, ``irecv``, ``ibarrier``) post
+  MPI's non-blocking operation (``Iallreduce``...) and return a ``Work``:
+  ``wait()`` finishes it and returns the result (the tensor for in-place
+  forms), ``test()`` says whether it is done.  Do not touch the tensor before
+  ``wait()``.
+
+**Agreement check.**  Ranks that call a collective with different shapes or
+dtypes would, in MPI, hang or silently corrupt memory.  Before each collective
+every rank contributes a 13-integer descriptor (collective, dtype, op, root,
+shape) to one ``Allgather`` and compares the table; a mismatch raises
+``CollectiveMismatchError`` listing every rank's call, on every rank, before
+any data moves (so the communicator stays usable).  Cost: one extra small
+collective per call, a few microseconds between processes of one machine:
+noticeable only for tiny tensors.  Turn it off per communicator
+(``Communicator(..., check=False)`` or ``comm.check = False``), per call
+(``check=False``) or for the process (``PYFLOW_COMM_CHECK=0``).
+Point-to-point has no collective to piggy-back on: ``recv`` probes the incoming
+message and raises on the receiving rank if its size differs (the message is
+drained first, so the sender does not hang).
+"""
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from pyflow import dtypes as _dt
+from pyflow.tensor import Tensor
+
+from .staging import MPIBuffer, is_host_array
+
+__all__ = ["Communicator", "Work", "CollectiveMismatchError", "world", "REDUCE_OPS"]
+
+CHECK_ENV_VAR = "PYFLOW_COMM_CHECK"
+REDUCE_OPS = ("sum", "avg", "max", "min")
+_MAX_DIMS = 8                         # dims compared exactly by the agreement check
+_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+_DTYPE_CODES = {d.name: i for i, d in enumerate(_dt.ALL)}
+
+# What MPI sees for each storage dtype.  float16 travels as 16-bit words (MPI
+# has no float16; reductions convert to float32 first, see the module docstring).
+_WIRE = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
+         np.dtype(np.float16): MPI.UINT16_T, np.dtype(np.uint16): MPI.UINT16_T,
+         np.dtype(np.int32): MPI.INT32_T, np.dtype(np.int64): MPI.INT64_T,
+         np.dtype(np.bool_): MPI.C_BOOL}
+_ARITH_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+_BOOL_OPS = {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND}
+
+
+class CollectiveMismatchError(RuntimeError):
+    """Ranks called a collective with different shapes, dtypes, ops or roots."""
+
+
+def _check_default():
+    v = os.environ.get(CHECK_ENV_VAR, "1").strip()
+    if v not in ("0", "1"):
+        raise ValueError(f"{CHECK_ENV_VAR}: expected '0' or '1', got {v!r}")
+    return v == "1"
+
+
+def _wire(a):
+    """``[buffer, datatype]`` for mpi4py (an explicit type, so float16 words and
+    device arrays need no typecode guessing)."""
+    return [a, _WIRE[a.dtype]]
+
+
+# --------------------------------------------------------------------- Work
+class Work:
+    """Handle of a non-blocking operation (``torch.distributed.Work``-like)."""
+
+    __slots__ = ("_request", "_finish", "_result", "_done", "_status")
+
+    def __init__(self, request, finish=None, result=None):
+        self._request, self._finish, self._result = request, finish, result
+        self._done = False
+        self._status = MPI.Status()
+
+    def wait(self):
+        """Block until done; returns the result (the tensor for in-place ops)."""
+        if not self._done:
+            if self._request is not None:
+                self._request.Wait(self._status)
+            self._complete()
+        return self._result
+
+    def test(self):
+        """True (and the operation finished) if it has completed; never blocks."""
+        if not self._done and (self._request is None or self._request.Test(self._status)):
+            self._complete()
+        return self._done
+
+    is_completed = test
+
+    def result(self):
+        return self.wait()
+
+    def _complete(self):
+        self._done = True
+        if self._finish is not None:
+            finish, self._finish = self._finish, None
+            out = finish(self._status)
+            if out is not None:
+                self._result = out
+
+
+def _done(result):
+    w = Work(None, None, result)
+    w._done = True
+    return w
+
+
+# --------------------------------------------------------------------- helpers
+def _check_tensor(fn, t, argname="tensor"):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{fn}: {argname} must be a pyflow Tensor, got {type(t).__name__}")
+    if t.dtype.storage not in _WIRE:
+        raise TypeError(f"{fn}: {argname} has unsupported dtype {t.dtype}")
+
+
+def _check_op(fn, op, dtype):
+    if not isinstance(op, str) or op.lower() not in REDUCE_OPS:
+        raise ValueError(f"{fn}: op must be one of {REDUCE_OPS}, got {op!r}")
+    op = op.lower()
+    if op == "avg" and not dtype.is_floating_point:
+        raise TypeError(f"{fn}: op 'avg' needs a floating point tensor, got {dtype}; "
+                        f"use 'sum' and divide")
+    return op
+
+
+def _mpi_op(op, dtype):
+    return _BOOL_OPS[op] if dtype is _dt.bool else _ARITH_OPS[op]
+
+
+def _is_half(dtype):
+    return dtype is _dt.float16 or dtype is _dt.bfloat16
+
+
+def _cast(array, device_type, src, dst):
+    from pyflow.kernels.registry import get
+    return get("cast", device_type)(array, src, dst)
+
+
+def _empty_like_device(shape, storage, like):
+    """Uninitialised storage of ``shape`` on the device of array ``like``."""
+    if is_host_array(like):
+        return np.empty(shape, storage)
+    from pyflow.kernels.cuda._memory import empty
+    return empty(shape, storage)
+
+
+def _divide(a, n):
+    from pyflow.ops._util import array_module
+    xp = array_module(a)
+    xp.divide(a, a.dtype.type(n), out=a)
+
+
+def _chunked(fn, t, size):
+    if t.ndim == 0 or t.shape[0] % size:
+        raise ValueError(f"{fn}: dim 0 of the tensor must be divisible by the group size "
+                         f"{size}, got shape {tuple(t.shape)}")
+
+
+# --------------------------------------------------------------------- Communicator
+class Communicator:
+    """A group of ranks: the world, or a sub-group made by ``group(ranks)``."""
+
+    def __init__(self, mpi_comm, check=None):
+        self.mpi = mpi_comm
+        self.rank = mpi_comm.Get_rank()
+        self.size = mpi_comm.Get_size()
+        self.check = _check_default() if check is None else bool(check)
+        self._groups = {}
+
+    def __repr__(self):
+        return f"Communicator(rank={self.rank}, size={self.size})"
+
+    # ----------------------------------------------------------------- groups
+    def group(self, ranks):
+        """The sub-communicator of ``ranks`` (ranks of this communicator; their
+        order gives the new ranks), or None on ranks not in it.  Collective: every
+        rank of this communicator calls it with the same list.  Cached per list,
+        so calling it again is free."""
+        try:
+            ranks = tuple(int(r) for r in ranks)
+        except TypeError:
+            raise TypeError(f"group: ranks must be a list of ints, got {ranks!r}") from None
+        if not ranks or len(set(ranks)) != len(ranks) or \
+                any(r < 0 or r >= self.size for r in ranks):
+            raise ValueError(f"group: ranks must be distinct ranks in [0, {self.size}), "
+                             f"got {list(ranks)}")
+        if ranks in self._groups:
+            return self._groups[ranks]
+        if self.check:
+            key = np.zeros(self.size + 1, np.int64)
+            key[0] = len(ranks)
+            key[1:len(ranks) + 1] = ranks
+            table = np.empty((self.size, key.size), np.int64)
+            self.mpi.Allgather(key, table)
+            if (table != table[0]).any():
+                calls = "; ".join(f"rank {r}: {row[1:row[0] + 1].tolist()}"
+                                  for r, row in enumerate(table))
+                raise CollectiveMismatchError(f"group: ranks called it with different rank "
+                                              f"lists: {calls}")
+        mpi_group = self.mpi.Get_group().Incl(list(ranks))
+        new = self.mpi.Create(mpi_group)
+        mpi_group.Free()
+        sub = None if new == MPI.COMM_NULL else Communicator(new, self.check)
+        self._groups[ranks] = sub
+        return sub
+
+    # ----------------------------------------------------------------- agreement
+    def _agree(self, fn, kind, t, op="", root=0, check=None):
+        """Raise CollectiveMismatchError on every rank if the ranks' calls differ."""
+        if not (self.check if check is None else check) or self.size == 1:
+            return
+        desc = np.zeros(5 + _MAX_DIMS, np.int64)
+        shape = tuple(t.shape)
+        if len(shape) > _MAX_DIMS:        # beyond 8 dims the tail is compared by its product
+            shape = shape[:_MAX_DIMS - 1] + (int(np.prod(shape[_MAX_DIMS - 1:])),)
+        desc[:5] = (_KINDS.index(kind), _DTYPE_CODES[t.dtype.name],
+                    REDUCE_OPS.index(op) if op else -1, root, t.ndim)
+        desc[5:5 + len(shape)] = shape
+        table = np.empty((self.size, desc.size), np.int64)
+        self.mpi.Allgather(desc, table)
+        if (table != table[0]).any():
+            raise CollectiveMismatchError(
+                f"{fn}: ranks called collectives that do not match (rank {self.rank} of "
+                f"{self.size} sees this): " + "; ".join(
+                    f"rank {r}: {_describe(row)}" for r, row in enumerate(table)))
+
+    # ----------------------------------------------------------------- all_reduce
+    def all_reduce(self, tensor, op="sum", check=None):
+        """Reduce ``tensor`` over all ranks, in place; returns it."""
+        return self._all_reduce("all_reduce", tensor, op, check, blocking=True).wait()
+
+    def iall_reduce(self, tensor, op="sum", check=None):
+        return self._all_reduce("iall_reduce", tensor, op, check, blocking=False)
+
+    def _all_reduce(self, fn, t, op, check, blocking):
+        _check_tensor(fn, t)
+        op = _check_op(fn, op, t.dtype)
+        self._agree(fn, "all_reduce", t, op, check=check)
+        dev = t.device.type
+        half = _is_half(t.dtype)
+        work_array = _cast(t._data, dev, t.dtype, _dt.float32) if half else t._data
+        buf = MPIBuffer(work_array, read=True, write=True)
+        args = (MPI.IN_PLACE, _wire(buf.mpi), _mpi_op(op, t.dtype))
+
+        def finish(status):
+            if op == "avg":
+                _divide(buf.mpi, self.size)
+            buf.finish()
+            if half:
+                t._data[...] = _cast(work_array, dev, _dt.float32, t.dtype)
+            t._version[0] += 1
+
+        return self._post(blocking, self.mpi.Allreduce, self.mpi.Iallreduce, args, finish, t)
+
+    # ----------------------------------------------------------------- all_gather
+    def all_gather(self, tensor, check=None):
+        """Every rank's ``tensor`` concatenated along dim 0 (a new tensor)."""
+        return self._all_gather("all_gather", tensor, check, blocking=True).wait()
+
+    def iall_gather(self, tensor, check=None):
+        return self._all_gather("iall_gather", tensor, check, blocking=False)
+
+    def _all_gather(self, fn, t, check, blocking):
+        _check_tensor(fn, t)
+        self._agree(fn, "all_gather", t, check=check)
+        shape = tuple(t.shape) or (1,)
+        out_shape = (self.size * shape[0],) + shape[1:]
+        inp = MPIBuffer(t._data.reshape(shape), read=True, write=False)
+        out_array = _empty_like_device(out_shape, t.dtype.storage, t._data)
+        out = MPIBuffer(out_array, read=False, write=True)
+        result = Tensor._make(out_array, t.dtype, t.device)
+        return self._post(blocking, self.mpi.Allgather, self.mpi.Iallgather,
+                          (_wire(inp.mpi), _wire(out.mpi)), _finisher(inp, out), result)
+
+    # ----------------------------------------------------------------- reduce_scatter
+    def reduce_scatter(self, tensor, op="sum", check=None):
+        """Reduce over ranks, then rank r keeps chunk r of dim 0 (a new tensor of
+        ``shape[0] // size`` rows)."""
+        return self._reduce_scatter("reduce_scatter", tensor, op, check, True).wait()
+
+    def ireduce_scatter(self, tensor, op="sum", check=None):
+        return self._reduce_scatter("ireduce_scatter", tensor, op, check, False)
+
+    def _reduce_scatter(self, fn, t, op, check, blocking):
+        _check_tensor(fn, t)
+        op = _check_op(fn, op, t.dtype)
+        _chunked(fn, t, self.size)
+        self._agree(fn, "reduce_scatter", t, op, check=check)
+        dev, half = t.device.type, _is_half(t.dtype)
+        src = _cast(t._data, dev, t.dtype, _dt.float32) if half else t._data
+        out_shape = (t.shape[0] // self.size,) + tuple(t.shape[1:])
+        out_array = _empty_like_device(out_shape, src.dtype, t._data)
+        inp = MPIBuffer(src, read=True, write=False)
+        out = MPIBuffer(out_array, read=False, write=True)
+
+        def finish(status):
+            if op == "avg":
+                _divide(out.mpi, self.size)
+            inp.finish()
+            out.finish()
+            data = _cast(out_array, dev, _dt.float32, t.dtype) if half else out_array
+            return Tensor._make(data, t.dtype, t.device)
+
+        return self._post(blocking, self.mpi.Reduce_scatter_block,
+                          self.mpi.Ireduce_scatter_block,
+                          (_wire(inp.mpi), _wire(out.mpi), _mpi_op(op, t.dtype)), finish, None)
+
+    # ----------------------------------------------------------------- all_to_all
+    def all_to_all(self, tensor, check=None):
+        """Chunk j of dim 0 goes to rank j; the result's chunk i came from rank i."""
+        return self._all_to_all("all_to_all", tensor, check, True).wait()
+
+    def iall_to_all(self, tensor, check=None):
+        return self._all_to_all("iall_to_all", tensor, check, False)
+
+    def _all_to_all(self, fn, t, check, blocking):
+        _check_tensor(fn, t)
+        _chunked(fn, t, self.size)
+        self._agree(fn, "all_to_all", t, check=check)
+        inp = MPIBuffer(t._data, read=True, write=False)
+        out_array = _empty_like_device(tuple(t.shape), t.dtype.storage, t._data)
+        out = MPIBuffer(out_array, read=False, write=True)
+        result = Tensor._make(out_array, t.dtype, t.device)
+        return self._post(blocking, self.mpi.Alltoall, self.mpi.Ialltoall,
+                          (_wire(inp.mpi), _wire(out.mpi)), _finisher(inp, out), result)
+
+    # ----------------------------------------------------------------- broadcast
+    def broadcast(self, tensor, root=0, check=None):
+        """Copy ``root``'s tensor into every rank's ``tensor`` (in place); returns it."""
+        return self._broadcast("broadcast", tensor, root, check, True).wait()
+
+    def ibroadcast(self, tensor, root=0, check=None):
+        return self._broadcast("ibroadcast", tensor, root, check, False)
+
+    def _broadcast(self, fn, t, root, check, blocking):
+        _check_tensor(fn, t)
+        root = self._check_rank(fn, "root", root)
+        self._agree(fn, "broadcast", t, root=root, check=check)
+        is_root = self.rank == root
+        buf = MPIBuffer(t._data, read=is_root, write=not is_root)
+
+        def finish(status):
+            buf.finish()
+            if not is_root:
+                t._version[0] += 1
+
+        return self._post(blocking, self.mpi.Bcast, self.mpi.Ibcast, (_wire(buf.mpi), root),
+                          finish, t)
+
+    # ----------------------------------------------------------------- point to point
+    def send(self, tensor, dst, tag=0):
+        """Send ``tensor`` to rank ``dst`` (blocks until the buffer may be reused)."""
+        self._p2p_args("send", tensor, dst, tag, blocking=True)
+        buf = MPIBuffer(tensor._data, read=True, write=False)
+        try:
+            self.mpi.Send(_wire(buf.mpi), dst, tag)
+        finally:
+            buf.finish()
+
+    def isend(self, tensor, dst, tag=0):
+        self._p2p_args("isend", tensor, dst, tag)
+        buf = MPIBuffer(tensor._data, read=True, write=False)
+        return Work(self.mpi.Isend(_wire(buf.mpi), dst, tag), lambda status: buf.finish(),
+                    tensor)
+
+    def recv(self, tensor, src, tag=0):
+        """Receive into ``tensor`` (in place) from rank ``src``; returns it.  Raises on
+        this rank if the message's size differs from the tensor's."""
+        self._p2p_args("recv", tensor, src, tag, blocking=True)
+        status = MPI.Status()
+        self.mpi.Probe(src, tag, status)
+        got = status.Get_count(MPI.BYTE)
+        want = tensor._data.nbytes
+        if got != want:
+            self.mpi.Recv([np.empty(got, np.uint8), MPI.BYTE], src, tag)   # drain it
+            raise CollectiveMismatchError(
+                f"recv: rank {self.rank} expected {want} bytes (shape {tuple(tensor.shape)}, "
+                f"{tensor.dtype}) from rank {src} with tag {tag}, but the message has "
+                f"{got} bytes")
+        buf = MPIBuffer(tensor._data, read=False, write=True)
+        try:
+            self.mpi.Recv(_wire(buf.mpi), src, tag)
+        finally:
+            buf.finish()
+        tensor._version[0] += 1
+        return tensor
+
+    def irecv(self, tensor, src, tag=0):
+        """Non-blocking receive; ``wait()`` raises if the message was shorter than
+        the tensor (a longer one is MPI's truncation error)."""
+        self._p2p_args("irecv", tensor, src, tag)
+        buf = MPIBuffer(tensor._data, read=False, write=True)
+        want = tensor._data.nbytes
+
+        def finish(status):
+            buf.finish()
+            tensor._version[0] += 1
+            got = status.Get_count(MPI.BYTE)
+            if got != want:
+                raise CollectiveMismatchError(
+                    f"irecv: rank {self.rank} expected {want} bytes from rank {src} with "
+                    f"tag {tag}, got {got}")
+
+        return Work(self.mpi.Irecv(_wire(buf.mpi), src, tag), finish, tensor)
+
+    # ----------------------------------------------------------------- barrier
+    def barrier(self):
+        self.mpi.Barrier()
+
+    def ibarrier(self):
+        return Work(self.mpi.Ibarrier())
+
+    # ----------------------------------------------------------------- internals
+    def _check_rank(self, fn, argname, r):
+        if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < self.size:
+            raise ValueError(f"{fn}: {argname} must be a rank in [0, {self.size}), got {r!r}")
+        return int(r)
+
+    def _p2p_args(self, fn, t, peer, tag, blocking=False):
+        _check_tensor(fn, t)
+        peer = self._check_rank(fn, "dst" if "send" in fn else "src", peer)
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or \
+                not 0 <= tag <= MPI.COMM_WORLD.Get_attr(MPI.TAG_UB):
+            raise ValueError(f"{fn}: tag must be an int in [0, MPI's TAG_UB], got {tag!r}")
+        if blocking and peer == self.rank:
+            raise ValueError(f"{fn}: the peer is this rank ({peer}); a blocking {fn} to "
+                             f"itself can deadlock: use isend/irecv")
+
+    @staticmethod
+    def _post(blocking, run, post, args, finish, result):
+        if blocking:
+            run(*args)
+            w = Work(None, finish, result)
+            w._complete()
+            return w
+        return Work(post(*args), finish, result)
+
+
+def _finisher(*buffers):
+    def finish(status):
+        for b in buffers:
+            b.finish()
+    return finish
+
+
+def _describe(row):
+    kind, dtype, op, root, ndim = (int(v) for v in row[:5])
+    text = f"{_KINDS[kind]}(shape={tuple(int(v) for v in row[5:5 + ndim])}, " \
+           f"dtype={_dt.ALL[dtype].name}"
+    if op >= 0:
+        text += f", op={REDUCE_OPS[op]}"
+    if _KINDS[kind] == "broadcast":
+        text += f", root={root}"
+    return text + ")"
+
+
+_world = []
+
+
+def world():
+    """The communicator of every rank (``MPI.COMM_WORLD``); a world of one under
+    plain ``python``."""
+    if not _world:
+        _world.append(Communicator(MPI.COMM_WORLD))
+    return _world[0]
