@@ -38,6 +38,7 @@ from .random import Generator, get_rng_state, initial_seed, manual_seed, seed, s
 from .ops import *  # noqa: F401,F403
 from . import ops
 from . import backends, cuda, nn, optim, utils
+from .distributed import env  # noqa: E402  (pyflow.env.get_rank() ...; MPI starts on first use)
 from .graph.explain import explain
 from .utils.serialization import load, save
 

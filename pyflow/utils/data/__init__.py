@@ -2,6 +2,7 @@
 (torch.utils.data's interface)."""
 from .collate import default_collate, default_convert
 from .dataloader import DataLoader
+from .distributed import DistributedSampler
 from .dataset import (ConcatDataset, Dataset, IterableDataset, Subset, TensorDataset,
                       random_split)
 from .sampler import (BatchSampler, RandomSampler, Sampler, SequentialSampler,
@@ -9,4 +10,5 @@ from .sampler import (BatchSampler, RandomSampler, Sampler, SequentialSampler,
 
 __all__ = ["DataLoader", "Dataset", "IterableDataset", "TensorDataset", "Subset",
            "ConcatDataset", "random_split", "Sampler", "SequentialSampler", "RandomSampler",
-           "SubsetRandomSampler", "BatchSampler", "default_collate", "default_convert"]
+           "SubsetRandomSampler", "BatchSampler", "DistributedSampler", "default_collate",
+           "default_convert"]
