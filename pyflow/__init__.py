@@ -39,6 +39,7 @@ from .ops import *  # noqa: F401,F403
 from . import ops
 from . import backends, cuda, nn, optim, utils
 from .distributed import env  # noqa: E402  (pyflow.env.get_rank() ...; MPI starts on first use)
+from .distributed import placement, sbp  # noqa: E402  (pyflow.placement, pyflow.sbp.split(0) ...)
 from .graph.explain import explain
 from .utils.serialization import load, save
 

@@ -12,9 +12,10 @@ CUDA-aware path forced on).
 """
 import os
 import sys
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from tests.rank_checks import RankChecks, raises  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -29,19 +30,7 @@ RANK, SIZE = W.rank, W.size
 DTYPES = (pyflow.float32, pyflow.float64, pyflow.float16, pyflow.bfloat16, pyflow.int32,
           pyflow.int64, pyflow.bool)
 TOL = {"float32": 1e-5, "float64": 1e-12, "float16": 2e-3, "bfloat16": 1e-2}
-
-n_checks = 0
-failures = []
-
-
-def check(name, fn, *args):
-    """Run one check; any exception (or failed assert) is a recorded failure."""
-    global n_checks
-    n_checks += 1
-    try:
-        fn(*args)
-    except Exception:  # noqa: BLE001
-        failures.append(f"{name}: {traceback.format_exc()}")
+check = RankChecks(RANK)
 
 
 # ------------------------------------------------------------------ data
@@ -281,13 +270,6 @@ def check_mismatches():
 
 
 def check_bad_input():
-    def raises(exc, needle, fn):
-        try:
-            fn()
-        except exc as e:
-            assert needle in str(e), f"{needle!r} not in {e}"
-            return
-        raise AssertionError(f"no {exc.__name__}")
     raises(ValueError, "op must be one of", lambda: W.all_reduce(pyflow.ones(2), "prod"))
     raises(TypeError, "op 'avg' needs a floating point",
            lambda: W.all_reduce(pyflow.ones(2, dtype=pyflow.int32), "avg"))
@@ -362,10 +344,7 @@ def main():
         cuda_aware._answer[:] = [(True, "forced by the test")]    # the direct path
         run_suite("cuda direct")
     W.barrier()
-    for f in failures:
-        print(f"rank {RANK} FAILED {f}", flush=True)
-    print(f"rank {RANK}: {n_checks} checks, {len(failures)} failures", flush=True)
-    sys.exit(1 if failures else 0)
+    check.report_and_exit()
 
 
 if __name__ == "__main__":

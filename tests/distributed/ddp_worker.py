@@ -13,9 +13,10 @@ overlapping backward), SGD with momentum, gradient accumulation under
 """
 import os
 import sys
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from tests.rank_checks import RankChecks  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -27,16 +28,8 @@ from pyflow.nn.parallel import DistributedDataParallel  # noqa: E402
 
 RANK, SIZE = env.get_rank(), env.get_world_size()
 GLOBAL_BATCH, STEPS, TOL = 8, 3, 1e-5
-n_checks, failures = 0, []
 
-
-def check(name, fn, *args):
-    global n_checks
-    n_checks += 1
-    try:
-        fn(*args)
-    except Exception:  # noqa: BLE001
-        failures.append(f"{name}: {traceback.format_exc()}")
+check = RankChecks(RANK)
 
 
 def mlp(seed):
@@ -109,7 +102,4 @@ run("momentum, 2 buckets", 600 * 8 / 2 ** 20, momentum=0.9)
 if (GLOBAL_BATCH // SIZE) % 2 == 0:
     run("no_sync accumulation", 25, micro=2)
 
-for f in failures:
-    print(f"rank {RANK}: FAILED {f}", flush=True)
-print(f"rank {RANK}: {n_checks} checks, {len(failures)} failures", flush=True)
-sys.exit(1 if failures else 0)
+check.report_and_exit()
