@@ -144,6 +144,35 @@ def _():
         assert "softmax" in str(e) and "int64" in str(e), str(e)
 
 
+
+@check("save/load keeps the device; map_location='cpu' loads on the CPU")
+def _():
+    import os
+    import tempfile
+    path = os.path.join(tempfile.mkdtemp(), "ckpt.safetensors")
+    x = pf.randn(3, 2, device="cuda")
+    pf.save({"x": x, "cpu": pf.ones(2)}, path)
+    back = pf.load(path)
+    assert back["x"].device.type == "cuda" and back["cpu"].device.type == "cpu"
+    np.testing.assert_array_equal(back["x"].cpu().numpy(), x.cpu().numpy())
+    assert pf.load(path, map_location="cpu")["x"].device.type == "cpu"
+
+
+@check("optimizers step non-contiguous cuda state and grads on the device")
+def _():
+    start, grad = pf.randn(4, 3), pf.randn(3, 4)
+    results = {}
+    for dev in ("cpu", "cuda"):
+        p = pf.nn.Parameter(start.to(dev, copy=True))
+        opt = pf.optim.AdamW([p], lr=0.1)
+        for _ in range(2):
+            p.grad = grad.to(dev).t()                    # a transposed (non-contiguous) grad
+            opt.step()
+        assert p.device.type == dev and opt.state[p]["exp_avg"].device.type == dev
+        results[dev] = p.detach().cpu().numpy()
+    np.testing.assert_allclose(results["cuda"], results["cpu"], rtol=1e-6)
+
+
 for f in failures:
     print("FAIL", f)
 print(f"{checks} checks, {len(failures)} failures")

@@ -15,11 +15,9 @@ from collections import defaultdict
 from copy import deepcopy
 from itertools import chain
 
-import numpy as np
-
 from .. import dtypes as _dt
 from ..autograd import enable_grad
-from ..ops._util import kernel
+from ..ops._util import array_module, kernel
 from ..tensor import Tensor
 
 __all__ = ["Optimizer", "required"]
@@ -212,7 +210,7 @@ class Optimizer:
                 return value.to(copy=True)
             out = value.to(_state_dtype(param), copy=True)
             if not out._data.flags.c_contiguous:
-                out._data = np.require(out._data, requirements="C")
+                out._data = array_module(out._data).ascontiguousarray(out._data)
             return out
         if isinstance(value, dict):
             return {k: cls._cast_state(param, v, k) for k, v in value.items()}
@@ -272,7 +270,8 @@ class FlatParam:
         self.copied = not (d.storage is d.compute and data.flags.c_contiguous
                            and data.flags.writeable)
         if self.copied:
-            self.array = np.ascontiguousarray(param._compute(), dtype=d.compute).reshape(-1)
+            values = param._compute()
+            self.array = array_module(values).ascontiguousarray(values, dtype=d.compute).reshape(-1)
         else:
             self.array = data.reshape(-1)
 
@@ -294,7 +293,7 @@ def flat_grad(param):
                            f"parameter of shape {tuple(param.shape)}")
     arr = g._compute()
     compute = _state_dtype(param).compute
-    return np.ascontiguousarray(arr, dtype=compute).reshape(-1)
+    return array_module(arr).ascontiguousarray(arr, dtype=compute).reshape(-1)
 
 
 def flat_state(state, key):
@@ -302,5 +301,5 @@ def flat_state(state, key):
     created so by ``zeros_state`` or made so by ``_cast_state``)."""
     t = state[key]
     if not t._data.flags.c_contiguous:
-        t._data = np.require(t._data, requirements="C")
+        t._data = array_module(t._data).ascontiguousarray(t._data)
     return t._data.reshape(-1)

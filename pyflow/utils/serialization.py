@@ -90,9 +90,12 @@ class _Flattener:
         node = self.seen.get(id(t))
         if node is None:
             key = self._key(path)
-            self.arrays[key] = np.require(t._data, requirements="C")
+            host = t if t.device.type == "cpu" else t.to("cpu")    # device data: a host copy
+            self.arrays[key] = np.require(host._data, requirements="C")
             from ..nn.parameter import Parameter
             node = {"tensor": key, "dtype": t.dtype.name, "requires_grad": bool(t.requires_grad)}
+            if t.device.type != "cpu":
+                node["device"] = str(t.device)
             if isinstance(t, Parameter):
                 node["parameter"] = True
             self.seen[id(t)] = node
@@ -156,9 +159,21 @@ class _Builder:
                                f"the structure but missing from the file") from None
 
     def _tensor(self, key, n):
+        """The tensor back on the device it was saved from (as torch.load does),
+        or on ``map_location``'s device."""
         t = _rebuild_tensor(self._array(key), n["dtype"], n.get("requires_grad", False))
-        if self.device is not None and self.device.type != "cpu":
-            t = t.to(self.device)
+        device = self.device
+        if device is None and "device" in n:
+            from ..device import as_device, check_available
+            device = as_device(n["device"])
+            try:
+                check_available(device)
+            except RuntimeError as e:
+                raise RuntimeError(f"load: '{self.where}': tensor {key!r} was saved on "
+                                   f"{device}, which is not available here ({e}); pass "
+                                   f"map_location='cpu' to load it on the CPU") from None
+        if device is not None and device.type != "cpu":
+            t = t.to(device)
         if n.get("parameter"):
             from ..nn.parameter import Parameter
             t = Parameter(t, requires_grad=n.get("requires_grad", True))

@@ -207,3 +207,26 @@ def test_save_through_a_symlink_replaces_the_target(tmp_path):
     link.symlink_to(target)
     pf.save({"step": 101}, link)
     assert link.is_symlink() and pf.load(target)["step"] == 101
+
+
+def test_a_tensor_saved_on_an_unavailable_device_needs_map_location(tmp_path):
+    """torch.load's behaviour: tensors come back on the device they were saved
+    from; when it is not there, the error says to pass map_location."""
+    import safetensors.numpy
+    path = str(tmp_path / "ckpt.safetensors")
+    pf.save({"w": pf.ones(3)}, path)
+    with open(path, "rb") as f:
+        raw = f.read()
+    header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+    meta = header.pop("__metadata__")
+    structure = json.loads(meta["pyflow.structure"])
+    tensor_node = structure["dict"][0][1]
+    tensor_node["device"] = "cuda:0"                  # as if saved from a GPU
+    meta["pyflow.structure"] = json.dumps(structure)
+    arrays = safetensors.numpy.load(raw)
+    safetensors.numpy.save_file(arrays, path, metadata=meta)
+    if not pf.cuda.is_available():
+        with pytest.raises(RuntimeError, match="map_location='cpu'"):
+            pf.load(path)
+    loaded = pf.load(path, map_location="cpu")
+    assert loaded["w"].device.type == "cpu" and loaded["w"].tolist() == [1.0, 1.0, 1.0]
