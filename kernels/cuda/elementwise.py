@@ -30,6 +30,7 @@ numba compute float32 data in float64, which is 2x-64x slower on a GPU.
 
 Kernels are compiled lazily, once per (op, dtype, layout), and cached.
 """
+import functools
 import math
 import types as _pytypes
 
@@ -218,15 +219,10 @@ def specs():
             for layout in LAYOUTS]
 
 
-_kernels = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _kernel(name, dtype, layout):
-    key = (name, dtype, layout)
-    k = _kernels.get(key)
-    if k is None:
-        k = _kernels[key] = cuda.jit(kernel_function(name, dtype, layout))
-    return k
+    """The compiled kernel, built on first use of (op, dtype, layout)."""
+    return cuda.jit(kernel_function(name, dtype, layout))
 
 
 # ------------------------------------------------------------------ host side: layouts

@@ -15,6 +15,7 @@ kernel as scalars of the data's dtype (no device copy).
 Kernels are compiled lazily per (expr, dtype, layout) and cached; outputs are
 allocated with ``_memory.empty``.
 """
+import functools
 import math
 
 import numpy as np
@@ -75,15 +76,10 @@ def kernel_signature(expr, dtype, layout, ndim=3):
     return tuple(args)
 
 
-_kernels = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _kernel(expr, dtype, layout):
-    key = (expr, dtype, layout)
-    k = _kernels.get(key)
-    if k is None:
-        k = _kernels[key] = cuda.jit(kernel_function(expr, dtype, layout))
-    return k
+    """The compiled kernel, built on first use of (expr, dtype, layout)."""
+    return cuda.jit(kernel_function(expr, dtype, layout))
 
 
 def _is_array(a):

@@ -282,35 +282,24 @@ def _patched(tracer):
         seed = original_draw(self)
         return seed if tracer.depth else tracer.record_seed(self, seed)
 
-    saved = {name: Tensor.__dict__.get(name) for name in _READS}
-    steps = {cls: cls.__dict__["step"] for cls in _optimizer_classes()}
+    patches = [(Function, "apply", classmethod(apply)), (Tensor, "_make", classmethod(make)),
+               (Tensor, "backward", backward), (Tensor, "detach", detach),
+               (Tensor, "data", property(lambda self: detach(self), original_data.fset)),
+               (Generator, "draw_seed", draw_seed)]
+    patches += [(Tensor, name, _refuse(name)) for name in _READS]
+    patches += [(cls, "step", _refused_step) for cls in _optimizer_classes()]
     _ORIGINAL.update({name: getattr(Tensor, name) for name in _READS})
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
     with _lock:
-        Function.apply = classmethod(apply)
-        Tensor._make = classmethod(make)
-        Tensor.backward = backward
-        Tensor.detach = detach
-        Tensor.data = property(lambda self: detach(self), original_data.fset)
-        Generator.draw_seed = draw_seed
-        for name in _READS:
-            setattr(Tensor, name, _refuse(name))
-        for cls in steps:
-            cls.step = _refused_step
+        for owner, name, hook in patches:
+            setattr(owner, name, hook)
         _tracing.tracer = tracer
         try:
             yield
         finally:
             _tracing.tracer = None
-            Function.apply = original_apply
-            Tensor._make = original_make
-            Tensor.backward = original_backward
-            Tensor.detach = original_detach
-            Tensor.data = original_data
-            Generator.draw_seed = original_draw
-            for name, method in saved.items():
-                setattr(Tensor, name, method)
-            for cls, step in steps.items():
-                cls.step = step
+            for owner, name, original in saved:
+                setattr(owner, name, original)
 
 
 def _has_raw_array(obj):

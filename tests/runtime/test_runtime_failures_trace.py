@@ -9,16 +9,9 @@ import pytest
 
 from pyflow.runtime import (ActorError, DeadlockError, Runtime, RunTimeoutError, TaskGraph,
                             Tracer)
+from tests.runtime.conftest import stream_threads
 
 
-def stream_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("pyflow-stream-")]
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_threads():
-    yield
-    assert stream_threads() == []
 
 
 def busy_graph(fail_at):

@@ -2,7 +2,6 @@
 feedback loops, end of data, back-pressure, describe/to_dot."""
 import itertools
 import re
-import threading
 
 import numpy as np
 import pytest
@@ -10,14 +9,6 @@ import pytest
 from pyflow.runtime import GraphError, Port, Runtime, TaskGraph
 
 
-def stream_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("pyflow-stream-")]
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_threads():
-    yield
-    assert stream_threads() == []
 
 
 @pytest.mark.parametrize("registers", [1, 2, 3])

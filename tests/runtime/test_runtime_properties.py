@@ -1,13 +1,13 @@
 """Property: any random graph the runtime accepts gives the sequential answer,
 never deadlocks, and never has more values in flight on an edge than its
 registers; any graph it rejects really does deadlock when run unchecked."""
-import threading
 import time
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pyflow.runtime import NO_INITIAL, DeadlockError, GraphError, Port, Runtime, TaskGraph
+from tests.runtime.conftest import stream_threads
 
 STREAMS = ["compute", "copy", "comm", "data"]
 DELAYS = [0.0, 0.0, 0.0001, 0.0005]
@@ -108,4 +108,4 @@ def test_random_graphs_match_sequential_evaluation(case):
         assert result[f"sink_{p.actor}_{p.index}"] == expected[p], f"port {p}\n{g}"
     for edge, most in rt.stats.max_in_flight.items():
         assert most <= edge.registers, f"{edge}: {most} in flight > {edge.registers}\n{g}"
-    assert not [t for t in threading.enumerate() if t.name.startswith("pyflow-stream-")]
+    assert not stream_threads()
