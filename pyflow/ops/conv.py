@@ -25,6 +25,7 @@ from collections import namedtuple
 import numpy as np
 
 from .. import dtypes as _dt
+from .._tracing import recordable
 from ..autograd import Function, is_grad_enabled
 from ..tensor import Tensor
 from ._util import check_tensor, compute_array, kernel, wrap
@@ -366,6 +367,7 @@ def _avg_windows(size, k, pad, stride, n_out, count_include_pad):
     return start, end, (padded_len if count_include_pad else end - start)
 
 
+@recordable(differentiable=True)   # passes its window tables to AvgPool2d as arrays
 def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
                count_include_pad=True, divisor_override=None):
     """torch.nn.functional.avg_pool2d."""
@@ -384,6 +386,7 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
     return AvgPool2d.apply(input, (hs, he, ws, we, div))
 
 
+@recordable(differentiable=True)   # passes its window tables to AvgPool2d as arrays
 def adaptive_avg_pool2d(input, output_size):
     """torch.nn.functional.adaptive_avg_pool2d: window i of n over a side of
     length L is [floor(i*L/n), ceil((i+1)*L/n)); None keeps the input size."""

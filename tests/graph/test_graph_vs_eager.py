@@ -266,3 +266,22 @@ def test_add_to_output_fusion_matches_eager(executor):
     names = [n.op_name for n in graph.plans[0].graph.nodes]
     assert names.count("AddToOutput") == 2
     _same_parameters(eager, graphed)
+
+
+def test_average_pools_in_a_graph_match_eager():
+    """avg_pool2d / adaptive_avg_pool2d hand window tables to their Function as
+    arrays: each is one recorded node, not a refused raw-array call."""
+    nn = pf.nn
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(4, 2))
+
+    class Infer(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def build(self, x):
+            return self.model(x)
+    x = pf.randn(2, 3, 9, 9)
+    np.testing.assert_allclose(Infer()(x).cpu().numpy(), model(x).detach().cpu().numpy(),
+                               rtol=1e-6)
