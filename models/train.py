@@ -1,0 +1,540 @@
+"""The trainer: train a model of the zoo on one rank or data-parallel on many.
+
+    python -m pyflow.models.train --model gpt --preset tiny --steps 300 --out runs/tiny
+    pyflow-run -n 2 models/train.py --model gpt --preset tiny --batch-size 32 --out runs/dp2
+
+Data: ``--data chars`` (default for GPT) is a character-level corpus of
+pyflow's own documentation and source (models/data.py), with a held-out split
+whose loss is reported; ``--data PATH`` any UTF-8 text file; ``--data
+synthetic`` DLPerf-style random tokens/images for throughput; ``--data digits``
+the generated digits (default for the MLP).
+
+Steps: ``--batch-size`` is the *global* batch: with ``--parallel dp`` on N ranks
+every rank draws the same global batch from the same seeded generator and
+keeps its own 1/N slice, so N ranks take exactly the steps one rank would (the
+gradients are averaged by ``DistributedDataParallel``).  The LR schedule is a
+linear warm-up then a cosine decay to 1/10 (``LambdaLR``).  ``--graph`` runs the
+step as a ``pyflow.nn.Graph`` (forward, backward and update compiled once).
+
+Checkpoints (``--ckpt-dir``, every ``--ckpt-every`` steps and at the end) hold
+the model, optimizer, scheduler, step, RNG states (the batch generator's state
+is the data position) and the run's configuration, written atomically by
+``pyflow.save``; ``--resume`` continues to exactly the losses of an
+uninterrupted run.  A checkpoint is never overwritten by a run that did not
+``--resume`` it, nor resumed by a run with a different configuration.
+
+Rank 0 shows a progress bar, writes ``train_log.csv`` (step, loss, lr,
+samples_per_s, val_loss) and, when matplotlib is installed, ``loss.png`` to
+``--out``.  Errors in the flags, the corpus or the checkpoint print one line
+and exit with status 2.
+"""
+import argparse
+import csv
+import math
+import os
+import sys
+import time
+
+if __name__ == "__main__" and not __package__:
+    # Run as a file (pyflow-run -n 2 models/train.py): its folder is sys.path[0],
+    # where data.py / gpt.py would shadow any top-level module of those names.
+    sys.path.pop(0)
+
+import pyflow                                           # noqa: E402
+from pyflow import nn                                   # noqa: E402
+from pyflow.models.data import CharCorpus, Digits, SyntheticImages, SyntheticTokens  # noqa: E402
+from pyflow.models.gpt import GPT, PRESETS              # noqa: E402
+from pyflow.models.mlp import MLP                       # noqa: E402
+
+__all__ = ["main", "run", "parse_args", "TrainError", "WarmupCosine"]
+
+CKPT_NAME = "ckpt.safetensors"
+LOG_NAME = "train_log.csv"
+PLOT_NAME = "loss.png"
+LOG_FIELDS = ("step", "loss", "lr", "samples_per_s", "val_loss")
+MLP_PRESETS = {"tiny": (256, 256), "mini": (1024, 1024)}
+DEFAULT_LR = {"adamw": 1e-3, "sgd": 0.1}
+
+
+class TrainError(Exception):
+    """A problem with the flags, the data or a checkpoint: reported in one line."""
+
+
+class WarmupCosine:
+    """LR factor: linear warm-up over ``warmup`` steps, then a cosine from 1 to
+    ``min_ratio`` at ``total`` steps.  A callable object (not a lambda) so that
+    ``LambdaLR.state_dict`` saves its numbers with the checkpoint."""
+
+    def __init__(self, warmup, total, min_ratio=0.1):
+        self.warmup, self.total, self.min_ratio = int(warmup), int(total), float(min_ratio)
+
+    def __call__(self, step):
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# ------------------------------------------------------------------ flags
+def _int_at_least(low):
+    def parse(text):
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {n}")
+        return n
+    return parse
+
+
+def _positive_float(text):
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not x > 0 or math.isinf(x):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return x
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="pyflow-train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=("gpt", "mlp"), default="gpt")
+    p.add_argument("--preset", default="tiny",
+                   help=f"model size; gpt: {', '.join(PRESETS)}; mlp: {', '.join(MLP_PRESETS)}")
+    p.add_argument("--batch-size", type=_int_at_least(1), default=32,
+                   help="global batch (split across ranks)")
+    p.add_argument("--block-size", type=_int_at_least(1), default=None,
+                   help="GPT context length (default: the preset's)")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=_int_at_least(1), default=None,
+                        help="optimizer steps (default 200)")
+    length.add_argument("--epochs", type=_int_at_least(1), default=None,
+                        help="passes over the training split's tokens/samples")
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    p.add_argument("--lr", type=_positive_float, default=None,
+                   help="peak learning rate (default 1e-3 for adamw, 0.1 for sgd)")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--warmup", type=_int_at_least(0), default=None,
+                   help="linear warm-up steps (default: a tenth of the steps, at most 100)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--graph", dest="graph", action="store_true",
+                      help="run the training step as a compiled pyflow.nn.Graph")
+    mode.add_argument("--eager", dest="graph", action="store_false", help="(default)")
+    p.add_argument("--parallel", choices=("dp",), default="dp",
+                   help="dp: data parallel over the MPI ranks (one rank: plain training)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--data", default=None,
+                   help="chars (pyflow's own text, GPT default), a text file path, synthetic, "
+                        "or digits (MLP default)")
+    p.add_argument("--out", default=None, help="folder for train_log.csv and loss.png")
+    p.add_argument("--ckpt-dir", default=None, help="folder of the checkpoint")
+    p.add_argument("--ckpt-every", type=_int_at_least(0), default=0,
+                   help="checkpoint every K steps (0: only at the end)")
+    p.add_argument("--resume", action="store_true", help="continue the checkpoint in --ckpt-dir")
+    p.add_argument("--eval-every", type=_int_at_least(0), default=50,
+                   help="held-out loss every K steps (0: only at the end)")
+    p.add_argument("--eval-iters", type=_int_at_least(1), default=10,
+                   help="batches per held-out evaluation")
+    p.add_argument("--seed", type=_int_at_least(0), default=0)
+    p.add_argument("--stop-after", type=_int_at_least(1), default=None, metavar="K",
+                   help="stop after step K as if the job had been killed (to try --resume)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def parse_args(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.resume and not args.ckpt_dir:
+        parser.error("--resume needs --ckpt-dir (the folder holding the checkpoint)")
+    if args.ckpt_every and not args.ckpt_dir:
+        parser.error("--ckpt-every needs --ckpt-dir")
+    presets = PRESETS if args.model == "gpt" else MLP_PRESETS
+    if args.preset not in presets:
+        parser.error(f"--preset {args.preset!r} is not a {args.model} preset; choose from "
+                     f"{', '.join(presets)}")
+    if args.data is None:
+        args.data = "chars" if args.model == "gpt" else "digits"
+    if args.model == "mlp" and args.data not in ("synthetic", "digits"):
+        parser.error(f"--model mlp trains on --data digits or synthetic, got {args.data!r}")
+    if args.model == "gpt" and args.data == "digits":
+        parser.error("--data digits is for --model mlp")
+    if args.lr is None:
+        args.lr = DEFAULT_LR[args.optimizer]
+    return args
+
+
+# ------------------------------------------------------------------ pieces
+def _share_cores(local_ranks):
+    """Ranks on one machine share its cores: give each rank its part (unless the
+    launcher or the user already chose), so N ranks do not each start one
+    numba and one BLAS thread per core."""
+    if local_ranks <= 1 or "NUMBA_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = max(1, (os.cpu_count() or 1) // local_ranks)
+    import numba
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(threads)
+
+
+def load_data(args, vocab_size):
+    if args.data == "synthetic":
+        return SyntheticTokens(vocab_size) if args.model == "gpt" else SyntheticImages()
+    if args.data == "digits":
+        return Digits(seed=args.seed)
+    try:
+        return CharCorpus.from_project() if args.data == "chars" else CharCorpus.from_file(args.data)
+    except (OSError, ValueError) as e:
+        raise TrainError(str(e)) from None
+
+
+def build_model(args, data):
+    if args.model == "mlp":
+        return MLP(hidden=MLP_PRESETS[args.preset]), {"hidden": list(MLP_PRESETS[args.preset])}
+    overrides = {"vocab_size": data.vocab_size}
+    if args.block_size is not None:
+        overrides["block_size"] = args.block_size
+    config = PRESETS[args.preset](**overrides)
+    return GPT(config), config.to_dict()
+
+
+def loss_of(model, x, y):
+    out = model(x, y) if isinstance(_unwrap(model), GPT) else model(x)
+    return out[1] if isinstance(out, tuple) else nn.functional.cross_entropy(out, y)
+
+
+def _unwrap(model):
+    return getattr(model, "module", model)
+
+
+def build_optimizer(args, model):
+    if args.optimizer == "sgd":
+        return pyflow.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9,
+                                weight_decay=args.weight_decay)
+    # nanoGPT's split: matrices (Linear, Embedding) decay, biases and LayerNorm gains do not
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return pyflow.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                               {"params": no_decay, "weight_decay": 0.0}],
+                              lr=args.lr, betas=(0.9, 0.95))
+
+
+class TrainGraph(nn.Graph):
+    """One training step (forward, backward, update, LR step) as a static graph."""
+
+    def __init__(self, model, optimizer, scheduler):
+        super().__init__()
+        self.model = model
+        self.add_optimizer(optimizer, lr_sch=scheduler)
+
+    def build(self, x, y):
+        loss = loss_of(self.model, x, y)
+        loss.backward()
+        return loss
+
+
+class Batches:
+    """The global batch of every step, drawn from one seeded generator (the same
+    on every rank: its state is the data position), of which each rank keeps its
+    own slice."""
+
+    def __init__(self, data, args, rank, world_size):
+        self.data, self.rank, self.world_size = data, rank, world_size
+        self.batch, self.block = args.batch_size, args.block_size
+        self.device = args.device
+        self.generator = pyflow.Generator().manual_seed(args.seed)
+
+    def _slice(self, x):
+        per_rank = x.shape[0] // self.world_size
+        return x[self.rank * per_rank:(self.rank + 1) * per_rank].contiguous()
+
+    def next(self, split="train", generator=None):
+        x, y = self.data.get_batch(split, self.batch, self.block, generator or self.generator)
+        if self.world_size > 1:
+            x, y = self._slice(x), self._slice(y)
+        return x.to(self.device), y.to(self.device)
+
+
+def _mean_over_ranks(comm, value):
+    if comm.size == 1:
+        return value
+    t = pyflow.tensor([value], dtype=pyflow.float64)
+    comm.all_reduce(t)
+    return t.item() / comm.size
+
+
+def evaluate(model, batches, args, comm):
+    """Mean held-out loss over ``--eval-iters`` batches, the same batches at
+    every evaluation (their own generator), averaged over the ranks' slices."""
+    generator = pyflow.Generator().manual_seed(args.seed + 1)
+    model.eval()
+    total = 0.0
+    with pyflow.no_grad():
+        for _ in range(args.eval_iters):
+            x, y = batches.next("val", generator)
+            total += loss_of(model, x, y).item()
+    model.train()
+    return _mean_over_ranks(comm, total / args.eval_iters)
+
+
+# ------------------------------------------------------------------ checkpoints
+def _run_info(args, model_config, data):
+    return {"model": args.model, "config": model_config, "optimizer": args.optimizer,
+            "lr": args.lr, "weight_decay": args.weight_decay, "warmup": args.warmup,
+            "steps": args.steps, "batch_size": args.batch_size, "data": data.name,
+            "vocab": getattr(data, "vocab", None), "text": getattr(data, "digest", None)}
+
+
+def _differences(saved, current, prefix=""):
+    out = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            shown = [v if not isinstance(v, str) or len(v) < 40 else f"<{len(v)} chars>"
+                     for v in (a, b)]
+            out.append(f"{prefix}{key} is {shown[0]!r} there, {shown[1]!r} here")
+    return out
+
+
+def load_checkpoint(path, run_info):
+    """The checkpoint at ``path``, after checking it was written by the same run
+    configuration (otherwise a TrainError naming every difference)."""
+    try:
+        ckpt = pyflow.load(path)
+    except Exception as e:       # a damaged or foreign file: say which, in one line
+        raise TrainError(f"cannot read checkpoint {path}: {e}") from None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("run"), dict):
+        raise TrainError(f"{path} is not a checkpoint of pyflow-train")
+    diff = _differences(ckpt["run"], run_info)
+    if diff:
+        raise TrainError(f"checkpoint {path} is incompatible with this run (nothing was "
+                         f"changed): " + "; ".join(diff))
+    return ckpt
+
+
+def save_checkpoint(path, model, optimizer, scheduler, step, batches, run_info):
+    pyflow.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "scheduler": scheduler.state_dict(), "step": step,
+                 "rng": pyflow.get_rng_state(), "data_rng": batches.generator.get_state(),
+                 "run": run_info}, path)
+
+
+# ------------------------------------------------------------------ log and plot
+class Log:
+    """train_log.csv of rank 0 (a resumed run keeps the rows up to its step)."""
+
+    def __init__(self, out, start_step):
+        self.file = None
+        if out is None:
+            return
+        os.makedirs(out, exist_ok=True)
+        self.path = os.path.join(out, LOG_NAME)
+        kept = []
+        if start_step and os.path.exists(self.path):
+            with open(self.path, newline="") as f:
+                kept = [r for r in csv.DictReader(f) if int(r["step"]) <= start_step]
+        self.file = open(self.path, "w", newline="")
+        self.writer = csv.DictWriter(self.file, LOG_FIELDS)
+        self.writer.writeheader()
+        self.writer.writerows(kept)
+
+    def write(self, **row):
+        if self.file is not None:
+            self.writer.writerow(row)
+            self.file.flush()
+
+    def close(self):
+        if self.file is not None:
+            self.file.close()
+
+
+def plot(log_path, out):
+    """loss.png from the CSV log; None (and why) when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None, "matplotlib is not installed (pip install matplotlib): no loss.png"
+    with open(log_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([int(r["step"]) for r in rows], [float(r["loss"]) for r in rows], label="train")
+    val = [(int(r["step"]), float(r["val_loss"])) for r in rows if r["val_loss"]]
+    if val:
+        ax.plot(*zip(*val), "o-", label="held out")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    path = os.path.join(out, PLOT_NAME)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path, None
+
+
+# ------------------------------------------------------------------ the run
+def run(args):
+    """Train as ``args`` say; returns a summary dict (losses per step, held-out
+    losses, samples/s).  Raises TrainError for a problem to report."""
+    from pyflow.comm import world
+    comm = world()
+    rank, world_size = comm.rank, comm.size
+    if args.graph and world_size > 1:
+        raise TrainError(f"--graph on {world_size} ranks: graph-mode data parallel comes with "
+                         f"global tensors (SBP placements) and is not wired into the trainer "
+                         f"yet; use --eager for data parallel training")
+    if args.batch_size % world_size:
+        raise TrainError(f"--batch-size {args.batch_size} is the global batch and must be a "
+                         f"multiple of the number of ranks ({world_size})")
+    if args.device == "cuda" and not pyflow.cuda.is_available():
+        raise TrainError("--device cuda: no CUDA device is available")
+    ckpt_path = os.path.join(args.ckpt_dir, CKPT_NAME) if args.ckpt_dir else None
+    if ckpt_path and args.resume and not os.path.isfile(ckpt_path):
+        raise TrainError(f"--resume: there is no checkpoint {ckpt_path} to continue")
+    if ckpt_path and not args.resume and os.path.exists(ckpt_path):
+        raise TrainError(f"{ckpt_path} already exists; pass --resume to continue it, or choose "
+                         f"another --ckpt-dir (it is not overwritten)")
+    from pyflow.distributed.env import get_local_world_size
+    _share_cores(get_local_world_size())
+
+    data = load_data(args, PRESETS[args.preset]().vocab_size if args.model == "gpt" else 0)
+    if args.model == "gpt" and args.block_size is None:
+        args.block_size = PRESETS[args.preset]().block_size
+    if args.steps is None:
+        if args.epochs is not None:
+            per_step = args.batch_size * (args.block_size if args.model == "gpt" else 1)
+            size = len(data.train) if hasattr(data, "train") else 20000
+            args.steps = max(1, args.epochs * size // per_step)
+        else:
+            args.steps = 200
+    if args.warmup is None:
+        args.warmup = min(100, args.steps // 10)
+    if args.warmup >= args.steps:
+        raise TrainError(f"--warmup {args.warmup} must be smaller than the number of steps "
+                         f"({args.steps})")
+
+    pyflow.manual_seed(args.seed)
+    model, model_config = build_model(args, data)
+    model.to(args.device)
+    optimizer = build_optimizer(args, model)
+    scheduler = pyflow.optim.lr_scheduler.LambdaLR(optimizer,
+                                                   WarmupCosine(args.warmup, args.steps))
+    batches = Batches(data, args, rank, world_size)
+    run_info = _run_info(args, model_config, data)
+    start = 0
+    if args.resume:
+        ckpt = load_checkpoint(ckpt_path, run_info)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        pyflow.set_rng_state(ckpt["rng"])
+        batches.generator.set_state(ckpt["data_rng"])
+        start = int(ckpt["step"])
+    if ckpt_path and rank == 0:
+        os.makedirs(args.ckpt_dir, exist_ok=True)
+
+    train_model = model
+    if world_size > 1:
+        from pyflow.nn.parallel import DistributedDataParallel
+        train_model = DistributedDataParallel(model, comm=comm)
+    graph = TrainGraph(model, optimizer, scheduler) if args.graph else None
+    n_params = sum(p.numel() for p in model.parameters())
+    log = Log(args.out, start) if rank == 0 else Log(None, 0)
+    if rank == 0:
+        print(f"pyflow {pyflow.__version__}: {args.model} {args.preset} ({n_params:,} parameters) "
+              f"on {data.name}, {'graph' if args.graph else 'eager'} mode, {world_size} rank(s), "
+              f"global batch {args.batch_size}, steps {start + 1}..{args.steps}", flush=True)
+
+    progress = None
+    if rank == 0 and not args.no_progress:
+        from tqdm import tqdm
+        progress = tqdm(total=args.steps, initial=start, desc="train", unit="step",
+                        dynamic_ncols=True)
+    say = progress.write if progress is not None else print
+    losses, val_losses, times = {}, {}, []
+    stop = min(args.steps, args.stop_after or args.steps)
+    for step in range(start + 1, stop + 1):
+        lr = optimizer.param_groups[0]["lr"]
+        t0 = time.perf_counter()
+        x, y = batches.next()
+        if graph is not None:
+            loss = graph(x, y)
+        else:
+            loss = loss_of(train_model, x, y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+        loss = _mean_over_ranks(comm, loss.item())
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        losses[step] = loss
+        val = None
+        if step == args.steps or (args.eval_every and step % args.eval_every == 0):
+            val = val_losses[step] = evaluate(model, batches, args, comm)
+            if rank == 0:
+                say(f"step {step}: train loss {loss:.4f}  held-out loss {val:.4f}")
+        log.write(step=step, loss=f"{loss:.6f}", lr=f"{lr:.6g}",
+                  samples_per_s=f"{args.batch_size / dt:.2f}",
+                  val_loss="" if val is None else f"{val:.6f}")
+        if progress is not None:
+            progress.set_postfix(loss=f"{loss:.4f}", samples_s=f"{args.batch_size / dt:.1f}",
+                                 refresh=False)
+            progress.update(1)
+        if ckpt_path and (step == args.steps or (args.ckpt_every and step % args.ckpt_every == 0)):
+            if rank == 0:
+                save_checkpoint(ckpt_path, model, optimizer, scheduler, step, batches, run_info)
+            comm.barrier()
+    if progress is not None:
+        progress.close()
+    log.close()
+
+    # Throughput without the first steps, which compile kernels (and the graph).
+    skip = min(2, len(times) - 1) if times else 0
+    timed = times[skip:]
+    samples_per_s = args.batch_size * len(timed) / sum(timed) if timed else float("nan")
+    summary = {"losses": losses, "val_losses": val_losses, "samples_per_s": samples_per_s,
+               "start": start, "stop": stop, "world_size": world_size, "n_params": n_params}
+    if rank == 0:
+        report(args, summary, skip, log)
+    return summary
+
+
+def report(args, summary, skip, log):
+    """Rank 0's last lines: held-out loss first -> last, final numbers, log and plot."""
+    losses, val_losses, stop = summary["losses"], summary["val_losses"], summary["stop"]
+    if not losses:
+        print(f"nothing to do: the checkpoint is at step {summary['start']} of {args.steps}")
+        return
+    if val_losses:
+        first, last = min(val_losses), max(val_losses)
+        print(f"held-out loss {val_losses[first]:.4f} (step {first}) -> "
+              f"{val_losses[last]:.4f} (step {last})")
+    held_out = f"held-out loss {val_losses[stop]:.4f}  " if stop in val_losses else ""
+    print(f"final: step {stop}  train loss {losses[stop]:.4f}  {held_out}"
+          f"{summary['samples_per_s']:,.1f} samples/s (global batch {args.batch_size}, "
+          f"{summary['world_size']} rank(s), timed after the first {skip} steps)")
+    if args.out is not None:
+        path, why = plot(log.path, args.out)
+        print(f"log {log.path}; " + (f"plot {path}" if path else why))
+
+
+def main(argv=None):
+    """Entry point of ``pyflow-train``: 0 on success, 2 on a reported error."""
+    args = parse_args(argv)
+    try:
+        run(args)
+    except TrainError as e:
+        print(f"pyflow-train: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
