@@ -6,14 +6,18 @@
 ``flow.comm`` and ``torch.distributed`` without a group.  See
 ``communicator.py`` for the conventions, ``staging.py`` for how device memory
 reaches MPI, ``bucket.py`` for gradient fusion and docs/comm.md for a tour.
+``PYFLOW_COMM_TIMEOUT=<seconds>`` makes a collective that waits too long raise
+``CollectiveTimeoutError`` naming the ranks that did not arrive; an uncaught
+exception on any rank aborts the whole MPI job (``communicator.py``).
 """
 from .bucket import Bucket, GradBucketer
-from .communicator import (REDUCE_OPS, CollectiveMismatchError, Communicator, Work,
-                           world)
+from .communicator import (REDUCE_OPS, CollectiveMismatchError, CollectiveTimeoutError,
+                           Communicator, Work, world)
 from .cuda_aware import cuda_aware_mpi
 from .staging import StagingPool, staging_pool
 
-__all__ = ["Communicator", "Work", "CollectiveMismatchError", "GradBucketer", "Bucket",
+__all__ = ["Communicator", "Work", "CollectiveMismatchError", "CollectiveTimeoutError",
+           "GradBucketer", "Bucket",
            "StagingPool", "staging_pool", "cuda_aware_mpi", "world", "REDUCE_OPS",
            "get_rank", "get_world_size", "all_reduce", "all_gather", "reduce_scatter",
            "all_to_all", "broadcast", "send", "recv", "barrier", "iall_reduce",

