@@ -12,7 +12,7 @@ import functools
 tracer = None
 
 
-def recordable(fn=None, *, random=False, differentiable=False):
+def recordable(fn=None, *, random=False, differentiable=False, elementwise=False):
     """Make an op visible to the tracer as one ``fn`` node of the graph.
 
     For ops that are not autograd Functions (comparisons, creation ops), and
@@ -21,16 +21,28 @@ def recordable(fn=None, *, random=False, differentiable=False):
     node, so nothing inside it is baked into the graph.  ``random=True`` marks
     ops that draw from a generator (run again on every call, never folded);
     ``differentiable=True`` makes the graph differentiate the node by running
-    it with eager autograd (pyflow.graph.executor)."""
+    it with eager autograd (pyflow.graph.executor).  ``elementwise=True`` ops
+    (comparisons) on global tensors go through the SBP dispatch as elementwise
+    ops (pyflow/distributed/dispatch.py), instead of computing on the pieces."""
     def decorate(f):
         @functools.wraps(f)
         def wrapper(*args, **kwargs):
+            if elementwise and _any_global(args):
+                from .distributed.dispatch import GlobalElementwise
+                return GlobalElementwise.apply(f, *args, **kwargs)
             active = tracer
             if active is None or active.depth:
                 return f(*args, **kwargs)
             return active.record_fn(f, args, kwargs, random, differentiable)
         return wrapper
     return decorate(fn) if fn is not None else decorate
+
+
+def _any_global(args):
+    for a in args:
+        if getattr(a, "_placement", None) is not None:
+            return True
+    return False
 
 
 def note_inplace(dst, result):

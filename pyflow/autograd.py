@@ -210,7 +210,11 @@ def _edge(t):
 
 
 class Function:
-    """Base class of every differentiable op (built-in and user-defined)."""
+    """Base class of every differentiable op (built-in and user-defined).
+
+    A call with a global tensor argument goes to ``pyflow.distributed.dispatch``
+    (SBP deduction and boxing) unless the class sets ``handles_global``."""
+    handles_global = False
 
     @staticmethod
     def forward(ctx, *args, **kwargs):
@@ -222,15 +226,18 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
+        record = False
+        for a in args:
+            if isinstance(a, Tensor):
+                if a._placement is not None and not cls.handles_global:
+                    from .distributed.dispatch import apply_global
+                    return apply_global(cls, args, kwargs)
+                if a.requires_grad:
+                    record = True
         ctx = Context()
         mode = _mode
         if not mode.enabled:
             return cls.forward(ctx, *args, **kwargs)
-        record = False
-        for a in args:
-            if isinstance(a, Tensor) and a.requires_grad:
-                record = True
-                break
         mode.enabled = False
         try:
             out = cls.forward(ctx, *args, **kwargs)
@@ -352,6 +359,9 @@ def _run_backward(outputs, grad_outputs, retain_graph, create_graph, inputs=None
 
 
 def _accumulate(t, g, create_graph):
+    if t._placement is not None:      # a global leaf: its gradient in its own SBP
+        from .distributed.dispatch import box_gradient
+        g = box_gradient(g, t)
     for hook in t._hooks or ():
         r = hook(g)
         if r is not None:

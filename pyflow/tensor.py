@@ -98,6 +98,11 @@ class Tensor:
     __slots__ = ("_data", "dtype", "device", "requires_grad", "grad", "grad_fn", "_out_idx",
                  "_version", "_base", "_accumulator", "_hooks", "__weakref__", "__dict__")
     __array_priority__ = 1000  # so ndarray (op) Tensor defers to Tensor
+    # A global tensor (pyflow/distributed/global_tensor.py) sets these on the
+    # object: ``_data`` is then this rank's piece and ``shape`` the logical shape.
+    _placement = None
+    _sbp = None
+    _logical_shape = None
 
     def __init__(self, *args, **kwargs):
         raise TypeError("use pyflow.tensor(data), pyflow.empty(shape) or other creation ops "
@@ -134,12 +139,16 @@ class Tensor:
     # ------------------------------------------------------------- metadata
     @property
     def shape(self):
-        return Size(self._data.shape)
+        """The (logical) shape: for a global tensor the whole tensor's, not the piece's."""
+        ls = self._logical_shape
+        return Size(self._data.shape if ls is None else ls)
 
     def size(self, dim=None):
+        ls = self._logical_shape
+        shape = self._data.shape if ls is None else ls
         if dim is None:
-            return Size(self._data.shape)
-        return self._data.shape[self._wrap_dim(dim)]
+            return Size(shape)
+        return shape[self._wrap_dim(dim)]
 
     @property
     def ndim(self):
@@ -149,7 +158,13 @@ class Tensor:
         return self._data.ndim
 
     def numel(self):
-        return self._data.size
+        ls = self._logical_shape
+        if ls is None:
+            return self._data.size
+        n = 1
+        for s in ls:
+            n *= s
+        return n
 
     nelement = numel
 
@@ -241,7 +256,7 @@ class Tensor:
     def __len__(self):
         if self._data.ndim == 0:
             raise TypeError("len() of a 0-d tensor")
-        return self._data.shape[0]
+        return self.shape[0]
 
     def __iter__(self):
         if self._data.ndim == 0:
@@ -270,16 +285,23 @@ class Tensor:
     # ------------------------------------------------------------- autograd
     @property
     def data(self):
-        return Tensor._make(self._data, self.dtype, self.device, base=self)
+        return self.detach()
 
     @data.setter
     def data(self, other):
         if not isinstance(other, Tensor):
             raise TypeError(f"data: expected a Tensor, got {type(other).__name__}")
         self._data, self.dtype, self.device = other._data, other.dtype, other.device
+        if other._placement is not None or self._placement is not None:   # global or not
+            self._placement, self._sbp, self._logical_shape = \
+                other._placement, other._sbp, other._logical_shape
 
     def detach(self):
-        return Tensor._make(self._data, self.dtype, self.device, base=self)
+        t = Tensor._make(self._data, self.dtype, self.device, base=self)
+        if self._placement is not None:
+            t._placement, t._sbp, t._logical_shape = \
+                self._placement, self._sbp, self._logical_shape
+        return t
 
     def detach_(self):
         self.grad_fn = None

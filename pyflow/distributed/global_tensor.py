@@ -23,8 +23,10 @@ API (OneFlow's): ``t.to_global(placement, sbp)``, ``t.to_local()``,
   check costs one pass over the data (and a host copy for device tensors);
   ``check=False`` skips the data CRC, not the shape check.  Equality is
   bitwise (0.0 and -0.0 differ, equal NaNs agree).
-* **global -> global** (same placement) is eager boxing (``boxing.py``);
-  placement changes are not supported yet.
+* **global -> global** (same placement) is eager boxing (``boxing.box``, N-D
+  too); a new placement (other ranks, other order, other hierarchy) moves the
+  data by send/recv (``_move``: box to broadcast on the source, then each
+  destination rank that lacks the data receives only its piece).
 * Both are differentiable: the logical value is unchanged, so the backward of
   ``src -> dst`` is the boxing ``dst -> src`` of the gradient, and the backward
   of local <-> global is the identity on the piece.
@@ -40,7 +42,7 @@ import zlib
 import numpy as np
 
 from pyflow import dtypes as _dt
-from pyflow.autograd import Function
+from pyflow.autograd import Function, is_grad_enabled
 from pyflow.ops._method import tensor_method
 from pyflow.tensor import Tensor
 
@@ -53,12 +55,6 @@ __all__ = ["to_global", "to_local", "randn_global", "logical_shape"]
 _DESC_DIMS = 8               # shape dims compared exactly (the tail by its product)
 _DTYPE_CODES = {d.name: i for i, d in enumerate(_dt.ALL)}
 
-# Class-level defaults: a plain tensor is local (fast attribute lookups, no __dict__).
-Tensor._placement = None
-Tensor._sbp = None
-Tensor._logical_shape = None
-
-
 def _mark(t, placement, sbp, shape):
     t._placement, t._sbp, t._logical_shape = placement, sbp, tuple(shape)
     return t
@@ -69,27 +65,70 @@ def _alias(x):
 
 
 # ---------------------------------------------------------------- autograd wrappers
+# Gradients of global tensors follow dispatch.py's rule: a gradient is itself a
+# global tensor, in whatever SBP the op that made it chose; ``dual`` gives the
+# layout of a gradient computed on pieces (S -> S, B -> P, P -> B).
 class _LocalToGlobal(Function):
-    """The piece becomes a global tensor's piece: identity both ways."""
+    """A local tensor becomes a global tensor's piece.  Backward: the gradient in
+    the same layout (a partial-sum piece's gradient is the whole, replicated
+    gradient), this rank's piece of it."""
+    handles_global = True
+
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, sbp):
+        ctx.sbp = sbp
         return _alias(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad
+        if grad._placement is not None:
+            want = tuple(broadcast if s == partial_sum else s for s in ctx.sbp)
+            if grad._sbp != want:
+                grad = grad.to_global(sbp=want)
+            grad = _alias(grad)
+        return grad, None
 
 
-class _Boxing(Function):
+class _ToLocal(Function):
+    """A global tensor's piece as a local tensor.  Backward: the local gradients
+    are the pieces of the dual layout (a replicated tensor used on every rank
+    gets the sum of every rank's gradient)."""
+    handles_global = True
+
     @staticmethod
-    def forward(ctx, x, comm, src, dst):
-        ctx.args = (comm, src, dst)
-        return _boxing.boxing(x, src, dst, comm)
+    def forward(ctx, x):
+        ctx.meta = (x._placement, x._sbp, x._logical_shape)
+        return _alias(x)
 
     @staticmethod
     def backward(ctx, grad):
-        comm, src, dst = ctx.args
-        return _boxing.boxing(grad, dst, src, comm), None, None, None
+        from .dispatch import dual
+        placement, sbp, shape = ctx.meta
+        return _mark(Tensor._make(grad._data, grad.dtype, grad.device), placement,
+                     tuple(dual(s) for s in sbp), shape)
+
+
+class _Boxing(Function):
+    """Same logical value, new layout (``boxing.box``; the output is labelled here,
+    so a static graph that replays this node gets a global tensor).  Backward:
+    the identity on the logical gradient, which keeps whatever layout it has (the
+    consumer boxes as it needs)."""
+    handles_global = True
+
+    @staticmethod
+    def forward(ctx, x, placement, src, dst):
+        ctx.meta = (placement, dst, x._logical_shape)
+        return _mark(_boxing.box(_alias(x), placement, src, dst), placement, dst,
+                     x._logical_shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if grad._placement is None:      # a local gradient: the piece of the dual layout
+            from .dispatch import dual
+            placement, dst, shape = ctx.meta
+            grad = _mark(Tensor._make(grad._data, grad.dtype, grad.device), placement,
+                         tuple(dual(s) for s in dst), shape)
+        return grad, None, None, None
 
 
 # ---------------------------------------------------------------- checks
@@ -107,64 +146,217 @@ def _descriptor(x, with_crc):
     return desc
 
 
-def _check_pieces(x, comm, sbp, check):
-    """Raise ValueError on every rank of ``comm`` unless the pieces fit ``sbp``."""
+def _check_pieces(x, comm, sbp, check, placement=None):
+    """Raise ValueError on every rank of ``comm`` unless the pieces fit ``sbp`` (one
+    SBP, or a tuple for ``placement``'s axes): same dtype and shape everywhere and,
+    with ``check``, bitwise equal pieces along every broadcast axis (by CRC32)."""
     from pyflow.ops.creation import tensor
-    with_crc = check and sbp == broadcast
+    sbp = tuple(sbp) if isinstance(sbp, (tuple, list)) else (sbp,)
+    hierarchy = placement.hierarchy if placement is not None else (comm.size,)
+    ranks = placement.flat_ranks if placement is not None else list(range(comm.size))
+    with_crc = check and broadcast in sbp
     table = comm.all_gather(tensor(_descriptor(x, with_crc)[None]), check=False)._data
     what = lambda row: f"{_dt.ALL[row[0]].name}{tuple(int(v) for v in row[2:2 + row[1]])}"  # noqa
     meta = table[:, :-1]
+    shown = sbp[0] if len(sbp) == 1 else sbp
     if (meta != meta[0]).any():
         raise ValueError(
             f"to_global: the local tensors must have the same dtype and shape on every rank "
-            f"for sbp {sbp!r}, got " + ", ".join(f"rank {r}: {what(row)}"
-                                                  for r, row in enumerate(table)))
-    if with_crc and (table[:, -1] != table[0, -1]).any():
-        differ = [r for r in range(len(table)) if table[r, -1] != table[0, -1]]
+            f"for sbp {shown!r}, got " + ", ".join(f"rank {ranks[k]}: {what(row)}"
+                                                   for k, row in enumerate(table)))
+    if not with_crc:
+        return
+    crc = table[:, -1].reshape(hierarchy)
+    pos = np.arange(len(ranks)).reshape(hierarchy)
+    pairs = []              # (rank that differs, the rank it should equal)
+    for axis, s in enumerate(sbp):
+        if s == broadcast:
+            first = np.take(crc, [0], axis=axis)
+            head = np.broadcast_to(np.take(pos, [0], axis=axis), pos.shape)
+            for k in np.flatnonzero(crc != first):
+                pairs.append((ranks[k], ranks[head.reshape(-1)[k]]))
+    if not pairs:
+        return
+    if len(sbp) == 1:
+        differ = sorted({r for r, _ in pairs})
         raise ValueError(
             f"to_global: sbp broadcast needs the same local tensor on every rank, but the "
-            f"tensors of ranks {differ} differ from rank 0's (placement ranks order). Convert "
-            f"with partial_sum or split to keep every rank's data, or make them equal first")
+            f"tensors of ranks {differ} differ from rank {ranks[0]}'s. Convert with "
+            f"partial_sum or split to keep every rank's data, or make them equal first")
+    raise ValueError(
+        f"to_global: sbp {shown!r} needs the same local tensor on the ranks of each broadcast "
+        f"axis, but " + ", ".join(f"rank {r} differs from rank {h}" for r, h in pairs) +
+        ". Convert with partial_sum or split to keep every rank's data, or make them equal")
+
+
+# ---------------------------------------------------------------- placement changes
+# Tags of the point-to-point messages of a placement change (world communicator).
+_MOVE_META_TAG, _MOVE_DATA_TAG = 32001, 32002
+_MOVE_META_LEN = 3 + 64
+
+
+def _is_zero_piece(sbp, coords):
+    return any(s == partial_sum and c != 0 for s, c in zip(sbp, coords))
+
+
+def _senders(src, dst):
+    """{destination rank outside ``src``: the source rank that feeds it} (round-robin)."""
+    src_ranks = src.flat_ranks
+    receivers = [r for r in dst.flat_ranks if r not in src_ranks]
+    return {r: src_ranks[k % len(src_ranks)] for k, r in enumerate(receivers)}
+
+
+def _move_header(x, dst, requires_grad):
+    """(logical shape, dtype, requires_grad) of global tensor ``x`` on every rank of
+    its placement and of ``dst`` (a 67-int64 message to each destination rank
+    outside the source); None elsewhere."""
+    from pyflow.comm import world
+    from pyflow.ops.creation import tensor, zeros
+    src, me = x._placement, world().rank
+    senders = _senders(src, dst)
+    if src.comm is not None:
+        shape = tuple(x._logical_shape)
+        if len(shape) > _MOVE_META_LEN - 3:
+            raise ValueError(f"to_global: a placement change supports up to "
+                             f"{_MOVE_META_LEN - 3} dims, got shape {shape}")
+        header = np.zeros(_MOVE_META_LEN, np.int64)
+        header[:3] = _DTYPE_CODES[x.dtype.name], requires_grad, len(shape)
+        header[3:3 + len(shape)] = shape
+        works = [world().isend(tensor(header), r, _MOVE_META_TAG)
+                 for r, s in senders.items() if s == me]
+        for w in works:
+            w.wait()
+        return shape, x.dtype, requires_grad
+    if me in senders:
+        header = world().recv(zeros(_MOVE_META_LEN, dtype=_dt.int64), senders[me],
+                              _MOVE_META_TAG)._data
+        return (tuple(int(v) for v in header[3:3 + header[2]]), _dt.ALL[int(header[0])],
+                bool(header[1]))
+    return None, None, False
+
+
+def _move(x, src, src_sbp, dst, dst_sbp, shape, dtype):
+    """Move a global tensor of logical ``shape`` and ``dtype`` from (``src``,
+    ``src_sbp``) to (``dst``, ``dst_sbp``); ``x`` is this rank's piece as a
+    *local* tensor.  Returns the new piece, or None on ranks outside ``dst``.
+
+    1. On ``src``: box to broadcast on every axis, so each source rank holds the
+       whole tensor (``describe_nd(src_sbp -> B...)`` bytes per source rank).
+    2. A ``dst`` rank that is also in ``src`` cuts its piece out locally; every
+       other ``dst`` rank receives *only its piece* (its local-shape bytes;
+       nothing for a partial_sum zero piece) from one source rank, the source
+       ranks taking the receivers round-robin (``isend``/``recv`` on the world).
+    Collective over the ranks of both placements (and no one else)."""
+    from pyflow.comm import world
+    from pyflow.ops.creation import zeros
+    w = world()
+    me = w.rank
+    senders = _senders(src, dst)
+    full, works = None, []
+    if src.comm is not None:
+        full = _boxing.box(x, src, src_sbp, (broadcast,) * src.ndim)
+        for r, s in senders.items():
+            coords = dst.coords(r)
+            if s == me and not _is_zero_piece(dst_sbp, coords):
+                piece = _boxing.slice_piece(full, dst, dst_sbp, coords).contiguous()
+                works.append(w.isend(piece, r, _MOVE_DATA_TAG))
+    out = None
+    if dst.comm is not None:
+        coords = dst.coords(me)
+        if full is not None:
+            out = _boxing.slice_piece(full, dst, dst_sbp, coords)
+        else:
+            out = zeros(_boxing.local_shape(shape, dst, dst_sbp, fn="to_global"), dtype=dtype,
+                        device=dst.type)
+            if not _is_zero_piece(dst_sbp, coords):
+                w.recv(out, senders[me], _MOVE_DATA_TAG)
+    for work in works:
+        work.wait()
+    return out
+
+
+class _PlacementChange(Function):
+    """Same logical value on another placement (and maybe another SBP).  Backward:
+    the reverse change of the gradient, which arrives on ``dst`` in its own SBP (a
+    local gradient is the piece of the dual layout) and leaves on ``src`` in the
+    dual of ``src_sbp``.  Both directions are collective over both placements:
+    every rank of them must run the backward (a rank whose piece is empty too;
+    ``to_global`` gives a destination rank outside the source a stand-in input
+    that requires grad, so it records this node when the source requires grad)."""
+    handles_global = True
+
+    @staticmethod
+    def forward(ctx, x, src, src_sbp, dst, dst_sbp, shape, dtype):
+        out = _move(_alias(x), src, src_sbp, dst, dst_sbp, shape, dtype)
+        ctx.meta = (src, src_sbp, dst, dst_sbp, shape, dtype)
+        if out is None:
+            return _mark(_empty(x), dst, dst_sbp, ())
+        return _mark(out, dst, dst_sbp, shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        from .dispatch import dual
+        src, src_sbp, dst, dst_sbp, shape, dtype = ctx.meta
+        g_sbp = grad._sbp if grad._placement is not None else tuple(dual(s) for s in dst_sbp)
+        want = tuple(dual(s) for s in src_sbp)
+        g = _move(_alias(grad), dst, g_sbp, src, want, shape, grad.dtype)
+        nones = (None,) * 6
+        if g is None:
+            return (_mark(_empty(grad), src, want, ()),) + nones
+        return (_mark(g, src, want, shape),) + nones
 
 
 # ---------------------------------------------------------------- the API
 @tensor_method("to_global")
 def to_global(self, placement=None, sbp=None, *, check=True):
-    """A global tensor with ``placement`` and ``sbp``.  From a local tensor both are
-    required and this rank's tensor is its piece; from a global tensor a missing
-    argument keeps the current one and a new sbp means boxing.  Collective over
-    the placement's ranks (and, the first time a placement is used, the world)."""
+    """A global tensor with ``placement`` and ``sbp`` (one SBP per placement axis).
+    From a local tensor both are required and this rank's tensor is its piece;
+    from a global tensor a missing argument keeps the current one, a new sbp
+    means boxing (``boxing.box``) and a new placement a move by send/recv
+    (``_move``).  Collective over the placement's ranks (both placements' for a
+    move; and, the first time a placement is used, the world)."""
     if placement is not None and not isinstance(placement, Placement):
         raise TypeError(f"to_global: placement must be a pyflow.placement, got {placement!r}")
     if self._placement is None:
         if placement is None or sbp is None:
             raise ValueError("to_global: a local tensor needs both placement and sbp, got "
                              f"placement={placement!r}, sbp={sbp!r}")
-        sbp = as_sbp_tuple(sbp)
+        sbp = as_sbp_tuple(sbp, placement.ndim)
         comm = placement.comm
         x = self if self.device.type == placement.type else self.to(placement.type)
         if comm is None:
             return _mark(_empty(x), placement, sbp, ())
-        if sbp[0].is_split and sbp[0].dim >= x.ndim:
-            raise ValueError(f"to_global: {sbp[0]!r} needs a tensor with more than "
-                             f"{sbp[0].dim} dims, got shape {tuple(x.shape)}")
-        _check_pieces(x, comm, sbp[0], check)
-        shape = list(x.shape)
-        if sbp[0].is_split:
-            shape[sbp[0].dim] *= comm.size
-        return _mark(_LocalToGlobal.apply(x), placement, sbp, shape)
-    placement = self._placement if placement is None else placement
-    if placement != self._placement:
-        raise NotImplementedError(f"to_global: changing the placement ({self._placement!r} -> "
-                                  f"{placement!r}) is not supported yet; same placement only")
-    sbp = self._sbp if sbp is None else as_sbp_tuple(sbp)
-    comm = placement.comm
-    if comm is None:
-        return _mark(_empty(self), placement, sbp, ())
-    if sbp[0].is_split:
-        _boxing.check_divisible(self._logical_shape, sbp[0].dim, comm.size, "to_global")
-    out = _Boxing.apply(self, comm, self._sbp[0], sbp[0])
-    return _mark(out, placement, sbp, self._logical_shape)
+        shape = _boxing.logical_shape_of(x.shape, placement, sbp, "to_global")
+        _check_pieces(x, comm, sbp, check, placement)
+        return _mark(_LocalToGlobal.apply(x, sbp), placement, sbp, shape)
+    if placement is None or placement == self._placement:
+        placement = self._placement
+        sbp = self._sbp if sbp is None else as_sbp_tuple(sbp, placement.ndim)
+        comm = placement.comm
+        if comm is None:
+            return _mark(_empty(self), placement, sbp, ())
+        _boxing.local_shape(self._logical_shape, placement, sbp, fn="to_global")
+        return _Boxing.apply(self, placement, self._sbp, sbp)
+    if placement.type != self._placement.type:
+        raise NotImplementedError(
+            f"to_global: changing the placement's device type ({self._placement!r} -> "
+            f"{placement!r}) is not supported yet; use .to_local().to(device) and "
+            f".to_global(...) again")
+    if sbp is None and placement.ndim != self._placement.ndim:
+        raise ValueError(f"to_global: moving to a placement with another number of dims "
+                         f"({self._placement.hierarchy} -> {placement.hierarchy}) needs "
+                         f"sbp, got sbp=None")
+    sbp = self._sbp if sbp is None else as_sbp_tuple(sbp, placement.ndim)
+    if self._placement.comm is not None:
+        _boxing.local_shape(self._logical_shape, placement, sbp, fn="to_global")
+    shape, dtype, needs_grad = _move_header(self, placement,
+                                            self.requires_grad and is_grad_enabled())
+    x = self
+    if needs_grad and not self.requires_grad and is_grad_enabled():
+        # A destination rank outside the source: record the node here too, so the
+        # backward (collective) runs on every rank that the forward involved.
+        x = _mark(_empty(self).requires_grad_(), self._placement, self._sbp, ())
+    return _PlacementChange.apply(x, self._placement, self._sbp, placement, sbp, shape, dtype)
 
 
 @tensor_method("to_local")
@@ -173,7 +365,7 @@ def to_local(self):
     if self._placement is None:
         raise RuntimeError("to_local: the tensor is not global (it has no placement); "
                            "make one with to_global(placement, sbp)")
-    return _LocalToGlobal.apply(self)
+    return _ToLocal.apply(self)
 
 
 def logical_shape(t):
@@ -202,24 +394,21 @@ Tensor.is_local = property(lambda t: t._placement is None)
 def randn_global(*size, placement, sbp, generator=None, dtype=None, requires_grad=False):
     """``randn(*size)`` as a global tensor with the same values as the single-rank
     ``pyflow.randn(*size, generator=...)`` from the same seed: every rank draws
-    the whole tensor and keeps its piece (costs the full draw on every rank, and
-    advances every rank's generator the same way).  For ``partial_sum`` rank 0
-    holds the values and the others zeros."""
-    from pyflow.ops.creation import randn, zeros_like
+    the whole tensor and keeps its piece (``boxing.slice_piece``: costs the full
+    draw on every rank, and advances every rank's generator the same way).  On a
+    ``partial_sum`` axis coordinate 0 holds the values and the others zeros."""
+    from pyflow.ops.creation import randn
     if not isinstance(placement, Placement):
         raise TypeError(f"randn_global: placement must be a pyflow.placement, got {placement!r}")
-    sbp = as_sbp_tuple(sbp, fn="randn_global")
+    sbp = as_sbp_tuple(sbp, placement.ndim, fn="randn_global")
     full = randn(*size, generator=generator, dtype=dtype, device=placement.type)
     comm = placement.comm
     if comm is None:
         piece = _empty(full)
-    elif sbp[0] == broadcast:
-        piece = full
-    elif sbp[0] == partial_sum:
-        piece = full if comm.rank == 0 else zeros_like(full)
     else:
-        _boxing.check_divisible(full.shape, sbp[0].dim, comm.size, "randn_global")
-        piece = _boxing.b_to_s(full, comm, sbp[0].dim)
+        _boxing.local_shape(full.shape, placement, sbp, fn="randn_global")
+        piece = full if all(s == broadcast for s in sbp) else \
+            _boxing.slice_piece(full, placement, sbp, placement.coords())
     piece.requires_grad_(requires_grad)
     return _mark(piece, placement, sbp, () if comm is None else full.shape)
 

@@ -124,7 +124,13 @@ class Tracer:
         self.depth += 1
         try:
             with set_grad_enabled(False):
-                out = cls.forward(ctx, *args, **kwargs)
+                if _any_global(args) and not cls.handles_global:
+                    # global tensors: one node all the same; the step deduces the SBP
+                    # signature and boxes its inputs each run (executor.Step)
+                    from ..distributed.dispatch import forward_global
+                    out, ctx = forward_global(cls, args, kwargs)
+                else:
+                    out = cls.forward(ctx, *args, **kwargs)
         finally:
             self.depth -= 1
         outs = out if type(out) is tuple else (out,)
@@ -300,6 +306,10 @@ def _patched(tracer):
             _tracing.tracer = None
             for owner, name, original in saved:
                 setattr(owner, name, original)
+
+
+def _any_global(args):
+    return any(isinstance(a, Tensor) and a._placement is not None for a in args)
 
 
 def _has_raw_array(obj):

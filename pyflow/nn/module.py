@@ -372,6 +372,20 @@ class Module:
     def float(self):
         return self._cast_floats(_dt.float32)
 
+    def to_global(self, placement, sbp):
+        """Every parameter and buffer becomes a global tensor with ``placement`` and
+        ``sbp`` (OneFlow's ``module.to_global``), in place: the Parameter objects
+        stay (optimizers made afterwards see global parameters).  From local
+        tensors ``broadcast`` requires equal values on every rank (seed the ranks
+        alike) and raises naming the ranks that differ; a split keeps each rank's
+        slice.  Collective: every rank of the placement calls it."""
+        def convert(t):
+            if t._placement is None:
+                from ..distributed.sbp import broadcast
+                t = t.to_global(placement, broadcast)
+            return t.to_global(placement, sbp)
+        return self._apply(convert)
+
     def double(self):
         return self._cast_floats(_dt.float64)
 

@@ -15,6 +15,9 @@ class Parameter(Tensor):
         p.__class__ = cls
         p._version = data._version  # shares storage with data
         p.requires_grad = requires_grad and data.dtype.is_floating_point
+        if data._placement is not None:     # a global parameter (data or tensor parallel)
+            p._placement, p._sbp, p._logical_shape = \
+                data._placement, data._sbp, data._logical_shape
         return p
 
     def __init__(self, data=None, requires_grad=True):

@@ -134,33 +134,50 @@ def full(size, fill_value, dtype=None, device=None, requires_grad=False):
 
 
 def _like(t, dtype):
+    """(shape, dtype) of a ``*_like`` result; for a global ``t``, of its piece (the
+    result is labelled global by ``_global_like``)."""
     if not isinstance(t, Tensor):
         raise TypeError(f"input: expected a Tensor, got {type(t).__name__}")
-    return (tuple(t.shape), t.dtype if dtype is None else _dt.as_dtype(dtype))
+    return (tuple(t._data.shape), t.dtype if dtype is None else _dt.as_dtype(dtype))
+
+
+def _global_like(t, out, constant=True):
+    """``out`` (a piece made like ``t``'s) with ``t``'s placement and SBP; a nonzero
+    constant is replicated, not a partial sum (whose pieces would add up)."""
+    if t._placement is None:
+        return out
+    from ..distributed.sbp import broadcast, partial_sum
+    sbp = tuple(broadcast if s == partial_sum and constant else s for s in t._sbp)
+    out._placement, out._sbp, out._logical_shape = t._placement, sbp, t._logical_shape
+    return out
 
 
 @recordable
 def zeros_like(t, dtype=None, device=None, requires_grad=False):
     shape, d = _like(t, dtype)
-    return zeros(shape, dtype=d, device=device or t.device, requires_grad=requires_grad)
+    return _global_like(t, zeros(shape, dtype=d, device=device or t.device,
+                                 requires_grad=requires_grad), constant=False)
 
 
 @recordable
 def ones_like(t, dtype=None, device=None, requires_grad=False):
     shape, d = _like(t, dtype)
-    return ones(shape, dtype=d, device=device or t.device, requires_grad=requires_grad)
+    return _global_like(t, ones(shape, dtype=d, device=device or t.device,
+                                requires_grad=requires_grad))
 
 
 @recordable
 def empty_like(t, dtype=None, device=None, requires_grad=False):
     shape, d = _like(t, dtype)
-    return empty(shape, dtype=d, device=device or t.device, requires_grad=requires_grad)
+    return _global_like(t, empty(shape, dtype=d, device=device or t.device,
+                                 requires_grad=requires_grad), constant=False)
 
 
 @recordable
 def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
     shape, d = _like(t, dtype)
-    return full(shape, fill_value, dtype=d, device=device or t.device, requires_grad=requires_grad)
+    return _global_like(t, full(shape, fill_value, dtype=d, device=device or t.device,
+                                requires_grad=requires_grad))
 
 
 @recordable

@@ -344,7 +344,7 @@ def _make_compare(name):
         return _elementwise(name, input, other)
     op.__name__ = name
     op.__doc__ = f"Elementwise ``{name}``; returns a bool tensor (not differentiable)."
-    return _tracing.recordable(op)
+    return _tracing.recordable(op, elementwise=True)
 
 
 eq, ne, lt, le, gt, ge = (_make_compare(n) for n in ("eq", "ne", "lt", "le", "gt", "ge"))
@@ -372,7 +372,7 @@ tensor_method("__xor__", "__rxor__")(_bitwise("^", logical_xor))
 
 
 @tensor_method("logical_not", "__invert__")
-@_tracing.recordable
+@_tracing.recordable(elementwise=True)
 def logical_not(input):
     return _elementwise("logical_not", input)
 
@@ -385,7 +385,7 @@ def equal(input, other):
 
 
 @tensor_method()
-@_tracing.recordable
+@_tracing.recordable(elementwise=True)
 def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     a, b = input._compute(), other._compute()
     xp = array_module(a)          # numpy, or the device's (np.asarray would not work on CuPy)
@@ -404,13 +404,13 @@ def isnan(input):
 
 
 @tensor_method()
-@_tracing.recordable
+@_tracing.recordable(elementwise=True)
 def isinf(input):
     return wrap(np.isinf(input._compute()), _dt.bool, input.device)
 
 
 @tensor_method()
-@_tracing.recordable
+@_tracing.recordable(elementwise=True)
 def isfinite(input):
     return wrap(np.isfinite(input._compute()), _dt.bool, input.device)
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from .._tracing import recordable
 from ..autograd import Function, no_grad
+from ..tensor import Tensor
 from ._util import array_module, check_same_device, check_tensor, compute_array, kernel, wrap
 
 __all__ = ["embedding"]
@@ -17,6 +18,8 @@ __all__ = ["embedding"]
 class Embedding(Function):
     @staticmethod
     def forward(ctx, weight, idx, padding_idx, scale_grad_by_freq):
+        if isinstance(idx, Tensor):     # a global op passes the indices' piece as a Tensor
+            idx = array_module(idx._data).asarray(idx._data, np.int64)
         ctx.args = (idx, weight.shape[0], padding_idx, scale_grad_by_freq)
         out = kernel("embedding", weight.device.type)(compute_array(weight, weight.dtype), idx)
         return wrap(out, weight.dtype, weight.device)
@@ -89,5 +92,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
                          f"{num} (weight of shape {list(weight.shape)})")
     if max_norm is not None:
         _renorm_(weight, idx, float(max_norm), float(norm_type))
+    if input._placement is not None or weight._placement is not None:
+        idx = input                     # global: the dispatch needs the indices' SBP
     return Embedding.apply(weight, idx, -1 if padding_idx is None else padding_idx,
                            bool(scale_grad_by_freq))

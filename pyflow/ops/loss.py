@@ -15,6 +15,7 @@ import numpy as np
 from .._tracing import recordable
 from .. import dtypes as _dt
 from ..autograd import Function
+from ..tensor import Tensor
 from ._util import (array_module, as_array, check_same_device, check_tensor, compute_array,
                     kernel, unbroadcast, wrap)
 
@@ -105,14 +106,43 @@ def _target_weight_sum(t, weight, ignore_index):
     return float(array_module(w).asarray(w, np.float64)[kept].sum())
 
 
-def _finish(loss_rows, t, weight, ignore_index, reduction, out_shape):
+def _target_arg(x, target, t):
+    """What the loss Function gets as its target: the checked (M,) index array, or
+    for global tensors the target tensor itself (the SBP dispatch must see it)."""
+    if x._placement is None and target._placement is None:
+        return t
+    return target.reshape(-1) if target.ndim else target.reshape(1)
+
+
+def _target_array(target):
+    if isinstance(target, Tensor):
+        return array_module(target._data).asarray(target._data, np.int64).reshape(-1)
+    return target
+
+
+def _global_weight_sum(target, weight, ignore_index, dtype):
+    """The 'mean' denominator of a global loss, with global ops on the target (so
+    a split target gives a partial sum of per-rank counts)."""
+    from .elementwise import where
+    tg = target.reshape(-1) if target.ndim else target.reshape(1)
+    keep = tg != ignore_index
+    if weight is None:
+        return keep.sum().to(dtype)
+    return (weight[where(keep, tg, 0)] * keep).sum().to(dtype)
+
+
+def _finish(loss_rows, t, weight, ignore_index, reduction, out_shape, target=None):
     if reduction == "none":
         return loss_rows.reshape(out_shape)
     total = loss_rows.sum()
     if reduction == "sum":
         return total
+    if loss_rows._placement is not None:
+        den = _global_weight_sum(target, weight, ignore_index, total.dtype)
+    else:
+        den = _target_weight_sum(t, weight, ignore_index)
     with np.errstate(invalid="ignore", divide="ignore"):  # all ignored: 0 / 0 = NaN, silently
-        return total / _target_weight_sum(t, weight, ignore_index)
+        return total / den
 
 
 class CrossEntropy(Function):
@@ -120,6 +150,7 @@ class CrossEntropy(Function):
 
     @staticmethod
     def forward(ctx, x, target, weight, ignore_index, smoothing):
+        target = _target_array(target)
         dt = x.dtype
         xa = compute_array(x, dt)
         w = None if weight is None else compute_array(weight, dt)
@@ -171,8 +202,9 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     x, t, out_shape, C = _rows(input, target, "cross_entropy")
     weight = _check_weight(weight, C, "cross_entropy", input)
     t = _check_targets(t, C, ignore_index, "cross_entropy")
-    loss = CrossEntropy.apply(x, t, weight, int(ignore_index), float(label_smoothing))
-    return _finish(loss, t, weight, ignore_index, reduction, out_shape)
+    loss = CrossEntropy.apply(x, _target_arg(x, target, t), weight, int(ignore_index),
+                              float(label_smoothing))
+    return _finish(loss, t, weight, ignore_index, reduction, out_shape, target)
 
 
 def _cross_entropy_probs(input, target, weight, reduction, smoothing):
@@ -193,6 +225,7 @@ def _cross_entropy_probs(input, target, weight, reduction, smoothing):
 class NLLLoss(Function):
     @staticmethod
     def forward(ctx, x, target, weight, ignore_index):
+        target = _target_array(target)
         dt = x.dtype
         w = None if weight is None else compute_array(weight, dt)
         loss = kernel("nll_loss", x.device.type)(compute_array(x, dt), target, w, ignore_index)
@@ -234,8 +267,8 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
         raise RuntimeError(f"nll_loss(): expected a floating point input, got {input.dtype}")
     weight = _check_weight(weight, C, "nll_loss", input)
     t = _check_targets(t, C, ignore_index, "nll_loss")
-    loss = NLLLoss.apply(x, t, weight, int(ignore_index))
-    return _finish(loss, t, weight, ignore_index, reduction, out_shape)
+    loss = NLLLoss.apply(x, _target_arg(x, target, t), weight, int(ignore_index))
+    return _finish(loss, t, weight, ignore_index, reduction, out_shape, target)
 
 
 # ------------------------------------------------------------------ regression losses

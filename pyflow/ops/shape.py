@@ -115,15 +115,15 @@ class View(Function):
 def view(input, *shape):
     if len(shape) == 1 and type(shape[0]) is _dt.dtype:
         raise TypeError("view(dtype) reinterpretation is not supported; use .to(dtype)")
-    shape = _infer_shape(shape_arg(shape, "view"), input._data.size, "view")
-    if shape == input._data.shape:
-        return View.apply(input, shape) if input.requires_grad else input._view_of(input._data)
+    shape = _infer_shape(shape_arg(shape, "view"), input.numel(), "view")
+    if shape == input.shape:
+        return View.apply(input, shape) if input.requires_grad or input._placement is not None else input._view_of(input._data)
     return View.apply(input, shape)
 
 
 @tensor_method()
 def reshape(input, *shape):
-    shape = _infer_shape(shape_arg(shape, "reshape"), input._data.size, "reshape")
+    shape = _infer_shape(shape_arg(shape, "reshape"), input.numel(), "reshape")
     try:
         _reshape_view(input._data, shape)
         return View.apply(input, shape)
@@ -148,14 +148,14 @@ def flatten(input, start_dim=0, end_dim=-1):
     s, e = input._wrap_dim(start_dim), input._wrap_dim(end_dim)
     if s > e:
         raise RuntimeError(f"flatten(): start_dim ({start_dim}) cannot come after end_dim ({end_dim})")
-    shape = input._data.shape
+    shape = input.shape
     return reshape(input, shape[:s] + (int(np.prod(shape[s:e + 1])),) + shape[e + 1:])
 
 
 @tensor_method()
 def unflatten(input, dim, sizes):
     d = input._wrap_dim(dim)
-    shape = input._data.shape
+    shape = input.shape
     sizes = _infer_shape(tuple(sizes), shape[d], "unflatten")
     return view(input, shape[:d] + sizes + shape[d + 1:])
 
@@ -236,7 +236,7 @@ class Expand(Function):
 @tensor_method()
 def expand(input, *sizes):
     sizes = shape_arg(sizes, "expand")
-    shape = input._data.shape
+    shape = input.shape
     if len(sizes) < len(shape):
         raise RuntimeError(f"expand(): the number of sizes provided ({len(sizes)}) must be "
                            f"greater or equal to the number of dimensions ({len(shape)})")
@@ -268,13 +268,13 @@ def broadcast_to(input, shape):
 @tensor_method()
 def unsqueeze(input, dim):
     d = input._wrap_dim(dim, input.ndim + 1)
-    shape = input._data.shape
+    shape = input.shape
     return View.apply(input, shape[:d] + (1,) + shape[d:])
 
 
 @tensor_method()
 def squeeze(input, dim=None):
-    shape = input._data.shape
+    shape = input.shape
     if dim is None:
         new = tuple(s for s in shape if s != 1)
     else:
@@ -331,7 +331,7 @@ def slice_view(input, key):
 @tensor_method()
 def narrow(input, dim, start, length):
     d = input._wrap_dim(dim)
-    size = input._data.shape[d]
+    size = input.shape[d]
     if isinstance(start, Tensor):
         start = int(start.item())
     if start < 0:
@@ -346,7 +346,7 @@ def narrow(input, dim, start, length):
 @tensor_method()
 def select(input, dim, index):
     d = input._wrap_dim(dim)
-    size = input._data.shape[d]
+    size = input.shape[d]
     if not -size <= index < size:
         raise IndexError(f"select(): index {index} out of range for dimension {dim} of size {size}")
     return SliceView.apply(input, (slice(None),) * d + (int(index) % size,))
@@ -355,7 +355,7 @@ def select(input, dim, index):
 @tensor_method()
 def split(input, split_size_or_sections, dim=0):
     d = input._wrap_dim(dim)
-    size = input._data.shape[d]
+    size = input.shape[d]
     if isinstance(split_size_or_sections, int):
         step = split_size_or_sections
         if step <= 0:
@@ -377,7 +377,7 @@ def split(input, split_size_or_sections, dim=0):
 def chunk(input, chunks, dim=0):
     if not isinstance(chunks, int) or chunks <= 0:
         raise RuntimeError(f"chunk(): chunks must be a positive int, got {chunks!r}")
-    size = input._data.shape[input._wrap_dim(dim)]
+    size = input.shape[input._wrap_dim(dim)]
     if size == 0:   # PyTorch gives ``chunks`` empty pieces
         return split(input, [0] * chunks, dim)
     step = -(-size // chunks)
@@ -387,7 +387,7 @@ def chunk(input, chunks, dim=0):
 @tensor_method()
 def unbind(input, dim=0):
     d = input._wrap_dim(dim)
-    return tuple(select(input, d, i) for i in range(input._data.shape[d]))
+    return tuple(select(input, d, i) for i in range(input.shape[d]))
 
 
 # ------------------------------------------------------------------ in-place fills

@@ -70,9 +70,8 @@ def test_placement_objects():
 def test_placement_bad_arguments():
     with pytest.raises(ValueError, match=r"type must be one of \('cpu', 'cuda'\), got 'tpu'"):
         placement("tpu", [0])
-    with pytest.raises(NotImplementedError, match=r"2-D rank arrays .* got ranks=\[\[0, 1\], "
-                                                  r"\[2, 3\]\]"):
-        placement("cpu", [[0, 1], [2, 3]])
+    with pytest.raises(ValueError, match=r"must be rectangular"):
+        placement("cpu", [[0, 1], [2]])
     for bad in ([], [0, 0], [-1], [0.5]):
         with pytest.raises(ValueError, match=re.escape(f"distinct non-negative ints, got {bad!r}")):
             placement("cpu", bad)
@@ -147,7 +146,7 @@ def test_to_global_bad_arguments():
         x.to_global(P1, S.broadcast).to_global(sbp=S.split(2))
     with pytest.raises(RuntimeError, match="to_local: the tensor is not global"):
         x.to_local()
-    with pytest.raises(NotImplementedError, match="changing the placement"):
+    with pytest.raises(NotImplementedError, match="changing the placement's device type"):
         x.to_global(P1, S.broadcast).to_global(placement("cuda", [0]))
 
 
@@ -170,3 +169,20 @@ def test_describe_bytes_per_rank(src, dst, op, nbytes):
 def test_describe_half_reductions_travel_as_float32():
     assert boxing.describe(S.partial_sum, S.broadcast, (8, 16), pyflow.bfloat16, 2).bytes == 512
     assert boxing.describe(S.split(0), S.broadcast, (8, 16), pyflow.bfloat16, 2).bytes == 128
+
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("n", [2, 4])
+def test_ops_on_global_tensors_against_single_rank(n):
+    """sbp_ops_worker.py: every op family under every input SBP, forward and
+    backward, the deduction's choices, a tensor-parallel MLP and data-parallel
+    training with global parameters, against one rank."""
+    proc = pyflow_run(n, os.path.join(HERE, "sbp_ops_worker.py"))
+    out = proc.stdout + proc.stderr
+    summaries = {r: (int(c), int(f)) for r, c, f in re.findall(
+        r"^rank (\d+): (\d+) checks, (\d+) failures$", proc.stdout, re.M)}
+    assert sorted(summaries) == [str(r) for r in range(n)], f"rc {proc.returncode}:\n{out[-6000:]}"
+    failed = "\n".join(line for line in proc.stdout.splitlines() if "FAILED" in line)
+    assert all(f == 0 for _, f in summaries.values()) and proc.returncode == 0, \
+        failed[-6000:] + out[-3000:]
+    assert min(c for c, _ in summaries.values()) >= 200

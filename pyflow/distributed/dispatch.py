@@ -1,0 +1,328 @@
+"""Ops on global tensors: deduce an SBP signature, box the inputs, run the op on
+the pieces, label the outputs.
+
+``Function.apply`` sends every call that has a global tensor argument here
+(``apply_global``).  For each placement axis the op's rule
+(``signatures.py``) lists the signatures it can run under; the one whose
+input conversions send the fewest bytes wins (ties: the rule's order, which
+puts splits first).  The inputs are converted with ``to_global`` (so the
+conversions are recorded by autograd like any op), then ``_GlobalOp`` runs
+the op's own ``forward`` on local aliases of the pieces and labels each
+output with the signature's SBP and its logical shape.
+
+Backward is the op's own ``backward`` on the pieces too, by a rule of SBP
+algebra (OneFlow's): if the forward is valid under (ins -> outs), the
+backward is valid with every SBP replaced by its *dual*, S(d) -> S(d),
+B -> P, P -> B.  A replicated input's gradient comes out as a partial sum
+(each rank's contribution), a partial-sum output's gradient must come in
+replicated.  So ``_GlobalOp.backward`` boxes each incoming gradient to the
+dual of its output's SBP, runs the op's backward on the pieces and labels
+each input gradient with the dual of that input's SBP; the next op's
+backward boxes again as it needs, and ``AccumulateGrad`` boxes a leaf's
+gradient to the leaf's own SBP (``autograd._accumulate``).  Double backward
+(``create_graph=True``) through global ops is not supported.
+
+A local tensor among the arguments of a global op is taken as replicated
+(the same on every rank): that is what the constants ops build inside
+(masks, ``arange``) are.  A local tensor that requires grad is refused: its
+gradient would have no SBP.
+"""
+from pyflow.autograd import Context, Function
+from pyflow.tensor import Tensor
+
+from . import boxing as _boxing
+from .sbp import broadcast, partial_sum
+from .signatures import elementwise_rule, register_rule, rule_for
+
+__all__ = ["apply_global", "forward_global", "backward_global", "GlobalContext", "dual",
+           "label", "GlobalElementwise"]
+
+
+def dual(sbp):
+    """The SBP of the gradient of a tensor with SBP ``sbp`` (S -> S, B -> P, P -> B)."""
+    if sbp == broadcast:
+        return partial_sum
+    if sbp == partial_sum:
+        return broadcast
+    return sbp
+
+
+def label(t, placement, sbp, logical_shape):
+    """Mark ``t`` (a local Tensor object holding this rank's piece) as global."""
+    t._placement, t._sbp, t._logical_shape = placement, tuple(sbp), tuple(logical_shape)
+    return t
+
+
+def local_alias(t):
+    """A plain local tensor over ``t``'s piece (a view: same storage and version)."""
+    return Tensor._make(t._data, t.dtype, t.device, base=t)
+
+
+def _axis_sizes(placement):
+    return tuple(placement.hierarchy)
+
+
+def _logical_shape(piece_shape, sbp, sizes):
+    shape = list(piece_shape)
+    for s, n in zip(sbp, sizes):
+        if s.is_split:
+            shape[s.dim] *= n
+    return tuple(shape)
+
+
+# ---------------------------------------------------------------- deduction
+def _cost(t, src, dst, n):
+    if src == dst:
+        return 0
+    return _boxing.describe(src, dst, t.shape, t.dtype, n).bytes + 1   # +1: prefer no move
+
+
+def _divisible(cand, tensors, n):
+    for t, s in zip(tensors, cand.ins):
+        if s.is_split and (s.dim >= t.ndim or t.shape[s.dim] % n):
+            return False
+    return True
+
+
+_CHOSEN = {}          # (op, argument metadata, placement sizes) -> chosen candidates
+
+
+def _key(fn_class, args, sbps, sizes):
+    """A hashable description of a call (tensors by shape, dtype and SBP), or None."""
+    parts, k = [fn_class, sizes], 0
+    for a in args:
+        if isinstance(a, Tensor):
+            parts.append((tuple(a.shape), a.dtype, sbps[k]))
+            k += 1
+        else:
+            parts.append(a)
+    key = tuple(parts)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def choose(fn_class, args, tensors, sbps, sizes):
+    """Per placement axis, the cheapest candidate of ``fn_class``'s rule.  The
+    choice depends only on the call's metadata, so it is cached: an op in a
+    training loop deduces once."""
+    key = _key(fn_class, args, sbps, sizes)
+    chosen = _CHOSEN.get(key) if key is not None else None
+    if chosen is None:
+        chosen = _choose(fn_class, args, tensors, sbps, sizes)
+        if key is not None and len(_CHOSEN) < 100_000:
+            _CHOSEN[key] = chosen
+    return chosen
+
+
+def _choose(fn_class, args, tensors, sbps, sizes):
+    cands = rule_for(fn_class)(args)
+    chosen = []
+    for axis, n in enumerate(sizes):
+        best, best_cost = None, None
+        for c in cands:
+            if len(c.ins) != len(tensors) or not _divisible(c, tensors, n):
+                continue
+            cost = sum(_cost(t, s[axis], want, n) for t, s, want in zip(tensors, sbps, c.ins))
+            if best is None or cost < best_cost:
+                best, best_cost = c, cost
+        if best is None:
+            raise RuntimeError(f"{fn_class.__name__}: no SBP signature fits the inputs "
+                               f"(shapes {[tuple(t.shape) for t in tensors]}, placement axis "
+                               f"{axis} of size {n})")
+        chosen.append(best)
+    return chosen
+
+
+# ---------------------------------------------------------------- the entry point
+def apply_global(fn_class, args, kwargs):
+    """``fn_class.apply(*args, **kwargs)`` where some argument is a global tensor:
+    one autograd node (``_GlobalOp``) around ``forward_global``."""
+    return _GlobalOp.apply(fn_class, kwargs, *args)
+
+
+class GlobalContext:
+    """What the backward of one op on global tensors needs: the op's own ctx
+    (``inner``), the chosen signatures and the layouts.  The eager node keeps it,
+    and a static graph passes it from the forward step to the backward step."""
+    materialize_grads = False       # backward_global makes zeros of the piece shapes
+
+    def __init__(self, fn, positions, chosen, placement, sizes):
+        self.fn, self.positions, self.chosen = fn, positions, chosen
+        self.placement, self.sizes = placement, sizes
+        self.inner = self.in_sbps = self.in_shapes = self.out_sbps = self.out_pieces = None
+        self.needs_input_grad = None
+        self.non_differentiable = ()
+
+
+def _placement_of(fn_class, args):
+    placement = None
+    for a in args:
+        if isinstance(a, Tensor) and a._placement is not None:
+            if placement is None:
+                placement = a._placement
+            elif a._placement != placement:
+                raise RuntimeError(
+                    f"{fn_class.__name__}: expected all global tensors on one placement, got "
+                    f"{placement!r} and {a._placement!r}; move one with "
+                    f".to_global(placement=...)")
+    if placement.comm is None:
+        raise RuntimeError(f"{fn_class.__name__}: this rank is not in the placement "
+                           f"{placement!r} of its inputs")
+    return placement
+
+
+def forward_global(fn_class, args, kwargs):
+    """Deduce, box the inputs, run ``fn_class.forward`` on the pieces, label the
+    outputs.  Returns ``(outputs, GlobalContext)``.  The boxing is not recorded
+    by autograd: it keeps the logical value, so the gradient that
+    ``backward_global`` returns for a boxed input is a gradient of the original."""
+    placement = _placement_of(fn_class, args)
+    sizes = _axis_sizes(placement)
+    tensors, positions, sbps = [], [], []
+    for i, a in enumerate(args):
+        if isinstance(a, Tensor):
+            if a._placement is None:
+                if a.requires_grad:
+                    raise RuntimeError(
+                        f"{fn_class.__name__}: argument {i} is a local tensor that requires "
+                        f"grad, mixed with global tensors; make it global first with "
+                        f".to_global(placement, sbp)")
+                a = label(local_alias(a), placement, (broadcast,) * len(sizes), a.shape)
+            tensors.append(a)
+            positions.append(i)
+            sbps.append(a._sbp)
+    chosen = choose(fn_class, args, tensors, sbps, sizes)
+    g = GlobalContext(fn_class, positions, chosen, placement, sizes)
+    g.n_args = len(args)
+    local = list(args)
+    g.in_sbps, g.in_shapes = [], []
+    for j, (p, t) in enumerate(zip(positions, tensors)):
+        want = tuple(c.ins[j] for c in chosen)
+        if t._sbp != want:
+            t = t.to_global(sbp=want)
+        g.in_sbps.append(want)
+        g.in_shapes.append(tuple(t.shape))
+        local[p] = local_alias(t)
+    for c, n in zip(chosen, sizes):
+        if c.localize is not None:
+            local = list(c.localize(local, n))
+    g.inner = inner = Context()
+    out = fn_class.forward(inner, *local, **kwargs)
+    single = not isinstance(out, tuple)
+    outs = (out,) if single else out
+    f = _scale(g)
+    if f is not None:
+        outs = tuple(_times(o, f) for o in outs)
+    g.out_sbps = [tuple(c.outs[min(k, len(c.outs) - 1)] for c in chosen)
+                  for k in range(len(outs))]
+    g.out_pieces = [(o._data.shape, o.dtype, o.device) for o in outs]
+    labelled = []
+    for o, sbp in zip(outs, g.out_sbps):
+        piece = local_alias(o)      # never label an object the op saved for backward
+        labelled.append(label(piece, placement, sbp, _logical_shape(o._data.shape, sbp, sizes)))
+    if inner.non_differentiable:
+        g.non_differentiable = tuple(lo for lo, o in zip(labelled, outs)
+                                     if any(o is n for n in inner.non_differentiable))
+    return (labelled[0] if single else tuple(labelled)), g
+
+
+def backward_global(g, grads):
+    """The op's backward on the pieces: each output gradient boxed to the dual of
+    its output's SBP (a local gradient is taken as that piece already), each input
+    gradient labelled with the dual of its input's SBP.  Returns one entry per
+    argument of the op (None for non-tensors)."""
+    from pyflow.ops.creation import zeros
+    local_grads = []
+    for grad, sbp, (shape, dtype, device) in zip(grads, g.out_sbps, g.out_pieces):
+        if grad is None:
+            local_grads.append(zeros(shape, dtype=dtype, device=device)
+                               if g.inner.materialize_grads else None)
+            continue
+        want = tuple(dual(s) for s in sbp)
+        if grad._placement is not None:
+            if grad._sbp != want:
+                grad = grad.to_global(sbp=want)
+            grad = local_alias(grad)
+        local_grads.append(grad)
+    f = _scale(g)
+    if f is not None:
+        local_grads = [None if x is None else _times(x, f) for x in local_grads]
+    n_args = g.n_args
+    needs = [False] * n_args
+    for p, need in zip(g.positions, g.needs_input_grad or (True,) * len(g.positions)):
+        needs[p] = need
+    g.inner.needs_input_grad = tuple(needs)
+    res = g.fn.backward(g.inner, *local_grads)
+    res = res if isinstance(res, tuple) else (res,)
+    out = [None] * n_args
+    for p, sbp, shape in zip(g.positions, g.in_sbps, g.in_shapes):
+        r = res[p] if p < len(res) else None
+        if r is not None:
+            out[p] = label(Tensor._make(r._data, r.dtype, r.device), g.placement,
+                           tuple(dual(s) for s in sbp), shape)
+    return tuple(out)
+
+
+def _scale(g):
+    """The factor the outputs carry (1/n for a mean over a split dim), or None."""
+    f = None
+    for c, n in zip(g.chosen, g.sizes):
+        if c.scale == "mean":
+            f = (f or 1.0) / n
+    return f
+
+
+def _times(t, f):
+    from pyflow.ops.elementwise import mul
+    return mul(t, f)
+
+
+class _GlobalOp(Function):
+    """The eager autograd node of one op on global tensors:
+    ``_GlobalOp.apply(fn_class, kwargs, *args)``."""
+    handles_global = True
+
+    @staticmethod
+    def forward(ctx, fn_class, kwargs, *args):
+        out, ctx.g = forward_global(fn_class, args, kwargs)
+        if ctx.g.non_differentiable:
+            ctx.mark_non_differentiable(*ctx.g.non_differentiable)
+        return out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.g.needs_input_grad = ctx.needs_input_grad[2:]
+        return (None, None) + backward_global(ctx.g, grads)
+
+
+def box_gradient(g, like):
+    """The gradient ``g`` of the global leaf ``like`` in ``like``'s SBP: a local
+    ``g`` is taken as the piece of the dual layout."""
+    if g._placement is None:
+        g = label(Tensor._make(g._data, g.dtype, g.device), like._placement,
+                  tuple(dual(s) for s in like._sbp), like.shape)
+    if g._sbp != like._sbp:
+        g = g.to_global(sbp=like._sbp)
+    return g
+
+
+
+class GlobalElementwise(Function):
+    """A non-differentiable elementwise op that is not a Function (comparisons,
+    ``isinf``...) called on global tensors: ``forward(ctx, fn, *args)`` runs
+    ``fn`` on the pieces under the elementwise signatures (``_tracing.recordable``
+    with ``elementwise=True`` sends such calls here)."""
+
+    @staticmethod
+    def forward(ctx, fn, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None,) * (len(grads) + 1)
+
+
+register_rule(GlobalElementwise)(elementwise_rule())
