@@ -4,10 +4,13 @@ Same model code (``bench/models_both.py``), data and optimizer (AdamW).  Each
 measurement runs in its own process, alternating the three for several
 rounds (see bench/train_step.py for why), and prints ratios of median step
 times.  ``--executor`` picks the graph's executor (actors by default).
+``--fuse-update`` compares graph mode with and without
+``allow_fuse_model_update_ops`` (one multi-tensor AdamW kernel instead of one
+update node per parameter) in the same alternating rounds.
 
 Targets (issue 4): on the GPT-mini (4 layers, d=256, T=128, batch 16) graph
 mode at least 1.3x pyflow eager and at least 1.0x PyTorch eager.
-Run: python bench/graph_step.py [--rounds 3] [--case mlp gpt]
+Run: python bench/graph_step.py [--rounds 3] [--case mlp gpt] [--fuse-update]
 """
 import argparse
 import json
@@ -22,7 +25,7 @@ CASES = {"mlp": ("MLP 784-1024-1024-10, batch 128", 128),
 MODES = ("graph", "eager", "torch")
 
 
-def worker(mode, case, steps, warmup, executor):
+def worker(mode, case, steps, warmup, executor, fuse_update=False):
     sys.path.insert(0, ROOT)
     if mode == "torch":
         import torch as lib
@@ -55,6 +58,7 @@ def worker(mode, case, steps, warmup, executor):
                 self.model = model
                 self.add_optimizer(opt)
                 self.config.set_executor(executor)
+                self.config.allow_fuse_model_update_ops(fuse_update)
 
             def build(self, x, y):
                 loss = loss_of(self.model, x, y)
@@ -74,24 +78,32 @@ def worker(mode, case, steps, warmup, executor):
     print(json.dumps({"median": step_times(step, steps, warmup)}))
 
 
-def measure(mode, case, steps, warmup, executor):
+def measure(mode, case, steps, warmup, executor, fuse_update=False):
     out = subprocess.run([sys.executable, __file__, "--worker", mode, "--case", case,
                           "--steps", str(steps), "--warmup", str(warmup),
-                          "--executor", executor], capture_output=True, text=True, check=True)
+                          "--executor", executor] + (["--fuse-update"] if fuse_update else []),
+                         capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["median"]
 
 
-def run(rounds=3, steps=8, warmup=3, cases=tuple(CASES), executor="actors"):
+def run(rounds=3, steps=8, warmup=3, cases=tuple(CASES), executor="actors", fuse_update=False):
     rows = []
     for case in cases:
         name, batch = CASES[case]
         times = {m: [] for m in MODES}
+        fused = []
         for _ in range(rounds):
             for m in MODES:
                 times[m].append(measure(m, case, steps, warmup, executor))
+            if fuse_update:
+                fused.append(measure("graph", case, steps, warmup, executor, True))
         g, e, t = (statistics.median(times[m]) for m in MODES)
         rows.append([name, f"{batch / g:,.0f}", f"{batch / e:,.0f}", f"{batch / t:,.0f}",
                      f"{e / g:.2f}x", f"{t / g:.2f}x"])
+        if fuse_update:
+            f = statistics.median(fused)
+            rows.append([name + ", fused update", f"{batch / f:,.0f}", f"{batch / e:,.0f}",
+                         f"{batch / t:,.0f}", f"{e / f:.2f}x", f"{t / f:.2f}x"])
     return rows
 
 
@@ -106,12 +118,15 @@ if __name__ == "__main__":
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--executor", choices=["actors", "sequential"], default="actors")
+    ap.add_argument("--fuse-update", action="store_true",
+                    help="also time graph mode with allow_fuse_model_update_ops(True)")
     args = ap.parse_args()
     if args.worker:
-        worker(args.worker, args.case[0], args.steps, args.warmup, args.executor)
+        worker(args.worker, args.case[0], args.steps, args.warmup, args.executor,
+               args.fuse_update)
     else:
         sys.path.insert(0, ROOT)
         from bench.common import machine, table
         print(machine())
-        print(table(run(args.rounds, args.steps, args.warmup, args.case, args.executor),
-                    HEADERS))
+        print(table(run(args.rounds, args.steps, args.warmup, args.case, args.executor,
+                        args.fuse_update), HEADERS))

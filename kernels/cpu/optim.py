@@ -193,3 +193,168 @@ def sgd_step(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0
     _sgd_kernel(param, grad, momentum_buffer, hp, bool(use_momentum), bool(first_step),
                 bool(nesterov), bool(maximize))
 
+
+
+# ------------------------------------------------------------------ multi-tensor updates
+# One call updates every parameter of an optimizer group (graph mode's
+# allow_fuse_model_update_ops).  How the list of buffers reaches numba: a tuple
+# of flat arrays, padded to a fixed width TUPLE_WIDTH with an empty array.  A
+# homogeneous tuple is unboxed by the dispatcher as cheaply as separate
+# arguments and can be indexed with a runtime index, and the fixed width means
+# one compilation per dtype whatever the parameter count (longer lists run in
+# chunks).  The alternatives cost more: a numba typed List is built element by
+# element from the interpreter on every call (the gradients are new arrays each
+# step), and concatenating the buffers into one flat array would copy params,
+# grads and moments every step, or move every parameter's storage for good.
+# The per-tensor loop calls the single-tensor kernel above, so a fused step does
+# exactly the arithmetic of the unfused one (bit for bit).
+TUPLE_WIDTH = 16
+_EMPTY = {dt: np.empty(0, dt) for dt in _FLOATS}
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _adam_multi_kernel(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hp, flags, n):
+    for t in range(n):
+        _adam_kernel(params[t], grads[t], exp_avgs[t], exp_avg_sqs[t], max_exp_avg_sqs[t],
+                     hp[t], flags[t, 0] != 0, flags[t, 1] != 0, flags[t, 2] != 0)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _sgd_multi_kernel(params, grads, momentum_buffers, hp, flags, n):
+    for t in range(n):
+        _sgd_kernel(params[t], grads[t], momentum_buffers[t], hp[t], flags[t, 0] != 0,
+                    flags[t, 1] != 0, flags[t, 2] != 0, flags[t, 3] != 0)
+
+
+def _check_lists(op, lists, names):
+    """Every list as long as the first, each non-empty; returns the count."""
+    n = len(lists[0])
+    for name, items in zip(names, lists):
+        if not isinstance(items, (list, tuple)):
+            raise TypeError(f"{op}: '{name}' must be a list of arrays, got {type(items).__name__}")
+        if len(items) != n:
+            raise ValueError(f"{op}: '{name}' has {len(items)} entries, expected {n} "
+                             f"(one per parameter, like '{names[0]}')")
+    return n
+
+
+def _check_group_arrays(op, names, arrays, dtype):
+    """``_check_arrays`` with a fast path (this runs once per parameter per
+    step), plus: every parameter of a call has the first one's dtype."""
+    ref = arrays[0]
+    n = ref.size if type(ref) is np.ndarray else -1
+    for i, a in enumerate(arrays):
+        if not (type(a) is np.ndarray and a.dtype == dtype and a.ndim == 1 and a.size == n
+                and a.flags.c_contiguous and (i == 1 or a.flags.writeable)):
+            break
+    else:
+        return
+    if type(ref) is np.ndarray and ref.dtype != dtype:
+        raise TypeError(f"{op}: '{names[0]}' has dtype {ref.dtype}, expected {dtype} (the "
+                        f"dtype of 'params[0]'); call once per dtype")
+    _check_arrays(op, names, arrays)
+
+
+def _padded_chunks(n, dtype):
+    """(lo, hi) chunks of TUPLE_WIDTH and a function padding a chunk's arrays."""
+    empty = _EMPTY[dtype]
+
+    def pad(arrays):
+        return tuple(arrays) + (empty,) * (TUPLE_WIDTH - len(arrays))
+    return [(lo, min(lo + TUPLE_WIDTH, n)) for lo in range(0, n, TUPLE_WIDTH)], pad
+
+
+def _writeable(a):
+    """The kernels index a tuple of one array type: a read-only grad is copied."""
+    return a if a.flags.writeable else a.copy()
+
+
+@register("adam_multi_step", "cpu")
+def adam_multi_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hparams, flags):
+    """``adam_step`` over many parameters of one dtype in one kernel call.
+
+    ``hparams[i]`` is ``(step, lr, beta1, beta2, eps, weight_decay)`` and
+    ``flags[i]`` ``(amsgrad, maximize, decoupled_weight_decay)`` of parameter i;
+    ``max_exp_avg_sqs[i]`` may be None where amsgrad is off."""
+    op = "adam_multi_step"
+    n = _check_lists(op, [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hparams, flags],
+                     ["params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs",
+                      "hparams", "flags"])
+    if n == 0:
+        return
+    dtype = params[0].dtype if isinstance(params[0], np.ndarray) else None
+    hp = np.empty((n, len(_ADAM_HP)), dtype=dtype if dtype in _FLOATS else np.float64)
+    flag_rows = np.zeros((n, 3), np.int8)
+    maxes, rows = [], {}          # rows: hyperparameters seen -> packed row (usually one)
+    for i in range(n):
+        amsgrad, maximize, decoupled = (bool(f) for f in flags[i])
+        names = [f"params[{i}]", f"grads[{i}]", f"exp_avgs[{i}]", f"exp_avg_sqs[{i}]"]
+        arrays = [params[i], grads[i], exp_avgs[i], exp_avg_sqs[i]]
+        if amsgrad:
+            if max_exp_avg_sqs[i] is None:
+                raise ValueError(f"{op}: amsgrad=True for parameter {i} needs "
+                                 f"'max_exp_avg_sqs[{i}]'")
+            names.append(f"max_exp_avg_sqs[{i}]")
+            arrays.append(max_exp_avg_sqs[i])
+        _check_group_arrays(op, names, arrays, dtype)
+        row = rows.get(hparams[i])
+        if row is None:
+            step, lr, beta1, beta2, eps, weight_decay = hparams[i]
+            _check_adam_hparams(lr, beta1, beta2, eps, weight_decay)
+            if not step >= 1:
+                raise ValueError(f"{op}: step of parameter {i} must be >= 1, got {step}")
+            # the same double-precision scalars as adam_step, then cast by the array
+            bias_correction1 = 1 - beta1 ** step
+            bias_correction2 = 1 - beta2 ** step
+            row = rows[hparams[i]] = (weight_decay, 1 - lr * weight_decay, 1 - beta1, beta2,
+                                      1 - beta2, -(lr / bias_correction1),
+                                      bias_correction2 ** 0.5, eps)
+        hp[i] = row
+        flag_rows[i] = (amsgrad, maximize, decoupled)
+        maxes.append(max_exp_avg_sqs[i] if amsgrad else _EMPTY[dtype])
+    chunks, pad = _padded_chunks(n, dtype)
+    grads = [_writeable(g) for g in grads]
+    for lo, hi in chunks:
+        _adam_multi_kernel(pad(params[lo:hi]), pad(grads[lo:hi]), pad(exp_avgs[lo:hi]),
+                           pad(exp_avg_sqs[lo:hi]), pad(maxes[lo:hi]), hp[lo:hi],
+                           flag_rows[lo:hi], hi - lo)
+
+
+@register("sgd_multi_step", "cpu")
+def sgd_multi_step(params, grads, momentum_buffers, hparams, flags):
+    """``sgd_step`` over many parameters of one dtype in one kernel call.
+
+    ``hparams[i]`` is ``(lr, momentum, dampening, weight_decay)`` and
+    ``flags[i]`` ``(nesterov, maximize, first_step)`` of parameter i;
+    ``momentum_buffers[i]`` may be None where momentum is 0."""
+    op = "sgd_multi_step"
+    n = _check_lists(op, [params, grads, momentum_buffers, hparams, flags],
+                     ["params", "grads", "momentum_buffers", "hparams", "flags"])
+    if n == 0:
+        return
+    dtype = params[0].dtype if isinstance(params[0], np.ndarray) else None
+    hp = np.empty((n, 4), dtype=dtype if dtype in _FLOATS else np.float64)
+    flag_rows = np.zeros((n, 4), np.int8)
+    bufs, rows = [], {}           # hyperparameters already checked
+    for i in range(n):
+        lr, momentum, dampening, weight_decay = hparams[i]
+        nesterov, maximize, first_step = (bool(f) for f in flags[i])
+        names, arrays = [f"params[{i}]", f"grads[{i}]"], [params[i], grads[i]]
+        use_momentum = momentum != 0
+        if use_momentum:
+            if momentum_buffers[i] is None:
+                raise ValueError(f"{op}: momentum != 0 for parameter {i} needs "
+                                 f"'momentum_buffers[{i}]'")
+            names.append(f"momentum_buffers[{i}]")
+            arrays.append(momentum_buffers[i])
+        _check_group_arrays(op, names, arrays, dtype)
+        if hparams[i] not in rows:
+            rows[hparams[i]] = _check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
+        hp[i] = (-lr, weight_decay, momentum, 1 - dampening)
+        flag_rows[i] = (use_momentum, first_step, nesterov, maximize)
+        bufs.append(momentum_buffers[i] if use_momentum else _EMPTY[dtype])
+    chunks, pad = _padded_chunks(n, dtype)
+    grads = [_writeable(g) for g in grads]
+    for lo, hi in chunks:
+        _sgd_multi_kernel(pad(params[lo:hi]), pad(grads[lo:hi]), pad(bufs[lo:hi]), hp[lo:hi],
+                          flag_rows[lo:hi], hi - lo)

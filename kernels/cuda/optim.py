@@ -25,57 +25,111 @@ from .copy import describe, read_only
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+@cuda.jit(device=True)
+def _adam_element(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, weight_decay, decay,
+                  one_minus_beta1, beta2, one_minus_beta2, neg_step_size,
+                  bias_correction2_sqrt, eps, has_weight_decay, amsgrad, maximize, decoupled):
+    g = grad[i]
+    if maximize:
+        g = -g
+    p = param[i]
+    if has_weight_decay:
+        if decoupled:               # AdamW: param.mul_(1 - lr * weight_decay)
+            p = p * decay
+        else:                       # Adam: grad = grad.add(param, alpha=weight_decay)
+            g = g + weight_decay * p
+    m = exp_avg[i]
+    m = m + one_minus_beta1 * (g - m)                   # exp_avg.lerp_(grad, 1 - beta1)
+    v = exp_avg_sq[i] * beta2                           # exp_avg_sq.mul_(beta2)
+    v = v + one_minus_beta2 * g * g                     #   .addcmul_(grad, grad, 1 - beta2)
+    exp_avg[i] = m
+    exp_avg_sq[i] = v
+    if amsgrad:
+        if max_exp_avg_sq[i] > v:
+            v = max_exp_avg_sq[i]
+        max_exp_avg_sq[i] = v
+    denom = math.sqrt(v) / bias_correction2_sqrt + eps
+    param[i] = p + neg_step_size * m / denom             # param.addcdiv_(m, denom, -step_size)
+
+
+@cuda.jit(device=True)
+def _sgd_element(i, param, grad, momentum_buffer, neg_lr, weight_decay, momentum,
+                 one_minus_dampening, has_weight_decay, use_momentum, first_step, nesterov,
+                 maximize):
+    g = grad[i]
+    if maximize:
+        g = -g
+    p = param[i]
+    if has_weight_decay:
+        g = g + weight_decay * p
+    if use_momentum:
+        if first_step:                                  # buf = grad.clone()
+            b = g
+        else:                                           # buf.mul_(m).add_(g, 1 - damp)
+            b = momentum_buffer[i] * momentum
+            b = b + one_minus_dampening * g
+        momentum_buffer[i] = b
+        if nesterov:
+            g = g + momentum * b
+        else:
+            g = b
+    param[i] = p + neg_lr * g
+
+
 def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, weight_decay, decay,
           one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bias_correction2_sqrt, eps,
           has_weight_decay, amsgrad, maximize, decoupled):
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
-        g = grad[i]
-        if maximize:
-            g = -g
-        p = param[i]
-        if has_weight_decay:
-            if decoupled:               # AdamW: param.mul_(1 - lr * weight_decay)
-                p = p * decay
-            else:                       # Adam: grad = grad.add(param, alpha=weight_decay)
-                g = g + weight_decay * p
-        m = exp_avg[i]
-        m = m + one_minus_beta1 * (g - m)                   # exp_avg.lerp_(grad, 1 - beta1)
-        v = exp_avg_sq[i] * beta2                           # exp_avg_sq.mul_(beta2)
-        v = v + one_minus_beta2 * g * g                     #   .addcmul_(grad, grad, 1 - beta2)
-        exp_avg[i] = m
-        exp_avg_sq[i] = v
-        if amsgrad:
-            if max_exp_avg_sq[i] > v:
-                v = max_exp_avg_sq[i]
-            max_exp_avg_sq[i] = v
-        denom = math.sqrt(v) / bias_correction2_sqrt + eps
-        param[i] = p + neg_step_size * m / denom             # param.addcdiv_(m, denom, -step_size)
+        _adam_element(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, weight_decay, decay,
+                      one_minus_beta1, beta2, one_minus_beta2, neg_step_size,
+                      bias_correction2_sqrt, eps, has_weight_decay, amsgrad, maximize, decoupled)
 
 
 def _sgd(param, grad, momentum_buffer, neg_lr, weight_decay, momentum, one_minus_dampening,
          has_weight_decay, use_momentum, first_step, nesterov, maximize):
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
-        g = grad[i]
-        if maximize:
-            g = -g
-        p = param[i]
-        if has_weight_decay:
-            g = g + weight_decay * p
-        if use_momentum:
-            if first_step:                                  # buf = grad.clone()
-                b = g
-            else:                                           # buf.mul_(m).add_(g, 1 - damp)
-                b = momentum_buffer[i] * momentum
-                b = b + one_minus_dampening * g
-            momentum_buffer[i] = b
-            if nesterov:
-                g = g + momentum * b
-            else:
-                g = b
-        param[i] = p + neg_lr * g
+        _sgd_element(i, param, grad, momentum_buffer, neg_lr, weight_decay, momentum,
+                     one_minus_dampening, has_weight_decay, use_momentum, first_step, nesterov,
+                     maximize)
 
 
-KERNEL_FUNCTIONS = {"adam": _adam, "sgd": _sgd}
+# Multi-tensor kernels (graph mode's allow_fuse_model_update_ops): the buffers
+# of up to TUPLE_WIDTH parameters arrive as tuples of arrays (padded with a
+# one-element array), the hyperparameters as one flat tuple of scalars
+# (ADAM_HP or SGD_HP per parameter) and the flags as a tuple of bools, all
+# passed by value in the launch's parameter block: no host-to-device copy of a
+# hyperparameter table per step, and one compilation per dtype.  Every thread
+# walks the tensors in turn with a grid-stride loop over each, so one launch
+# does the whole step.  The width keeps the parameter block well under the
+# 4 KiB limit (5 tuples x 8 arrays x 56 bytes + 64 scalars).
+TUPLE_WIDTH = 8
+ADAM_HP, ADAM_FLAGS, SGD_HP, SGD_FLAGS = 8, 4, 4, 5
+
+
+def _adam_multi(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hp, flags, n):
+    for t in range(n):
+        param = params[t]
+        grad, exp_avg, exp_avg_sq, vmax = grads[t], exp_avgs[t], exp_avg_sqs[t], \
+            max_exp_avg_sqs[t]
+        h, f = t * ADAM_HP, t * ADAM_FLAGS
+        for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
+            _adam_element(i, param, grad, exp_avg, exp_avg_sq, vmax, hp[h], hp[h + 1],
+                          hp[h + 2], hp[h + 3], hp[h + 4], hp[h + 5], hp[h + 6], hp[h + 7],
+                          flags[f], flags[f + 1], flags[f + 2], flags[f + 3])
+
+
+def _sgd_multi(params, grads, momentum_buffers, hp, flags, n):
+    for t in range(n):
+        param = params[t]
+        grad, buf = grads[t], momentum_buffers[t]
+        h, f = t * SGD_HP, t * SGD_FLAGS
+        for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
+            _sgd_element(i, param, grad, buf, hp[h], hp[h + 1], hp[h + 2], hp[h + 3],
+                         flags[f], flags[f + 1], flags[f + 2], flags[f + 3], flags[f + 4])
+
+
+KERNEL_FUNCTIONS = {"adam": _adam, "sgd": _sgd, "adam_multi": _adam_multi,
+                    "sgd_multi": _sgd_multi}
 _jitted = {}
 
 
@@ -166,3 +220,126 @@ def sgd_step(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0
         _launch("sgd", n, param, read_only(grad), momentum_buffer, T(-lr), T(weight_decay),
                 T(momentum), T(1 - dampening), weight_decay != 0, bool(use_momentum),
                 bool(first_step), bool(nesterov), bool(maximize))
+
+
+# ------------------------------------------------------------------ multi-tensor updates
+def _check_lists(op, lists, names):
+    n = len(lists[0])
+    for name, items in zip(names, lists):
+        if not isinstance(items, (list, tuple)):
+            raise TypeError(f"{op}: '{name}' must be a list of arrays, got {type(items).__name__}")
+        if len(items) != n:
+            raise ValueError(f"{op}: '{name}' has {len(items)} entries, expected {n} "
+                             f"(one per parameter, like '{names[0]}')")
+    return n
+
+
+def _kernel_array(a):
+    """A tuple member as numba.cuda types it: simulated arrays as they are; CuPy
+    arrays (typed by numba only as top-level arguments) as zero-copy views."""
+    return a if isinstance(a, np.ndarray) else cuda.as_cuda_array(a, sync=False)
+
+
+def _launch_multi(name, columns, scalars, flag_rows, dt, like):
+    """Launch ``name`` over every TUPLE_WIDTH chunk of the parameters.  A None
+    in ``columns`` (an unused buffer) and the tuples' unused slots get a
+    one-element array that is never read (a separate one: the simulator must
+    not see an alias of a parameter)."""
+    pad = _kernel_array(zeros(1, dt, like))
+    n = len(columns[0])
+    T = dt.type
+    for lo in range(0, n, TUPLE_WIDTH):
+        hi = min(lo + TUPLE_WIDTH, n)
+        width = TUPLE_WIDTH - (hi - lo)
+        arrays = [tuple(pad if a is None else _kernel_array(a) for a in col[lo:hi])
+                  + (pad,) * width for col in columns]
+        hp = tuple(T(x) for row in scalars[lo:hi] for x in row)
+        hp += (T(0),) * (len(scalars[0]) * width)
+        flags = tuple(bool(x) for row in flag_rows[lo:hi] for x in row)
+        flags += (False,) * (len(flag_rows[0]) * width)
+        largest = max(int(describe(a)[0][0]) for a in columns[0][lo:hi])
+        if largest:
+            _launch(name, largest, *arrays, hp, flags, hi - lo)
+
+
+@register("adam_multi_step", "cuda")
+def adam_multi_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hparams, flags):
+    """``adam_step`` over many parameters of one dtype in one launch per
+    TUPLE_WIDTH parameters (the CPU kernel's signature and checks)."""
+    op = "adam_multi_step"
+    n = _check_lists(op, [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hparams, flags],
+                     ["params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs",
+                      "hparams", "flags"])
+    if n == 0:
+        return
+    scalars, flag_rows, maxes, dt = [], [], [], None
+    for i in range(n):
+        amsgrad, maximize, decoupled = (bool(f) for f in flags[i])
+        names = [f"params[{i}]", f"grads[{i}]", f"exp_avgs[{i}]", f"exp_avg_sqs[{i}]"]
+        arrays = [params[i], grads[i], exp_avgs[i], exp_avg_sqs[i]]
+        if amsgrad:
+            if max_exp_avg_sqs[i] is None:
+                raise ValueError(f"{op}: amsgrad=True for parameter {i} needs "
+                                 f"'max_exp_avg_sqs[{i}]'")
+            names.append(f"max_exp_avg_sqs[{i}]")
+            arrays.append(max_exp_avg_sqs[i])
+        _, a_dt = _check_arrays(op, names, arrays)
+        if dt is not None and a_dt != dt:
+            raise TypeError(f"{op}: 'params[{i}]' has dtype {a_dt}, expected {dt} (the dtype "
+                            f"of 'params[0]'); call once per dtype")
+        dt = a_dt
+        step, lr, beta1, beta2, eps, weight_decay = hparams[i]
+        _check_adam_hparams(lr, beta1, beta2, eps, weight_decay)
+        if not step >= 1:
+            raise ValueError(f"{op}: step of parameter {i} must be >= 1, got {step}")
+        bias_correction1 = 1 - beta1 ** step
+        bias_correction2 = 1 - beta2 ** step
+        scalars.append((weight_decay, 1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2,
+                        -(lr / bias_correction1), bias_correction2 ** 0.5, eps))
+        flag_rows.append((weight_decay != 0, amsgrad, maximize, decoupled))
+        maxes.append(max_exp_avg_sqs[i] if amsgrad else None)
+    _launch_multi("adam_multi", [params, [_grad_member(g) for g in grads], exp_avgs,
+                                 exp_avg_sqs, maxes], scalars, flag_rows, dt, params[0])
+
+
+@register("sgd_multi_step", "cuda")
+def sgd_multi_step(params, grads, momentum_buffers, hparams, flags):
+    """``sgd_step`` over many parameters of one dtype in one launch per
+    TUPLE_WIDTH parameters (the CPU kernel's signature and checks)."""
+    op = "sgd_multi_step"
+    n = _check_lists(op, [params, grads, momentum_buffers, hparams, flags],
+                     ["params", "grads", "momentum_buffers", "hparams", "flags"])
+    if n == 0:
+        return
+    scalars, flag_rows, bufs, dt = [], [], [], None
+    for i in range(n):
+        lr, momentum, dampening, weight_decay = hparams[i]
+        nesterov, maximize, first_step = (bool(f) for f in flags[i])
+        names, arrays = [f"params[{i}]", f"grads[{i}]"], [params[i], grads[i]]
+        use_momentum = momentum != 0
+        if use_momentum:
+            if momentum_buffers[i] is None:
+                raise ValueError(f"{op}: momentum != 0 for parameter {i} needs "
+                                 f"'momentum_buffers[{i}]'")
+            names.append(f"momentum_buffers[{i}]")
+            arrays.append(momentum_buffers[i])
+        _, a_dt = _check_arrays(op, names, arrays)
+        if dt is not None and a_dt != dt:
+            raise TypeError(f"{op}: 'params[{i}]' has dtype {a_dt}, expected {dt} (the dtype "
+                            f"of 'params[0]'); call once per dtype")
+        dt = a_dt
+        _check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
+        scalars.append((-lr, weight_decay, momentum, 1 - dampening))
+        flag_rows.append((weight_decay != 0, use_momentum, first_step, nesterov, maximize))
+        bufs.append(momentum_buffers[i] if use_momentum else None)
+    _launch_multi("sgd_multi", [params, [_grad_member(g) for g in grads], bufs],
+                  scalars, flag_rows, dt, params[0])
+
+
+def _grad_member(grad):
+    """Gradients are only read, but a tuple member cannot be a ``cuda.In`` hint
+    (the simulator passes tuples as they are, with no copy in or back): a
+    read-only host view would be refused, so it is copied."""
+    if isinstance(grad, np.ndarray) and not grad.flags.writeable:
+        return grad.copy()
+    return grad

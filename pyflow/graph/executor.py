@@ -12,8 +12,16 @@ executor (a dict) and between actors (a register, like any other value).
 its last use (the liveness from ``passes.memory``); ``lowering.py`` builds an
 actor task graph from the same steps.
 """
+import sys
+
+import numpy as np
+
 from .. import autograd
 from ..autograd import Context, set_grad_enabled
+from ..distributed.dispatch import GlobalContext, backward_global, box_gradient, forward_global
+from ..kernels import registry
+from ..ops.shape import basic_view
+from ..tensor import Tensor
 from .ir import iter_values, substitute
 
 
@@ -36,6 +44,7 @@ class Step:
         self.accumulate = False                 # set_grad adds into .grad (micro-batches)
         self.skip_update = False                # not the last micro-batch: no optimizer step
         self.backward_slots = ()                # eager forward: input positions to differentiate
+        self.in_place = node.attrs.get("in_place")      # argument whose buffer it may take
 
     @property
     def name(self):
@@ -52,11 +61,18 @@ class Step:
 
     def __call__(self, *values):
         node, kind = self.node, self.kind
+        if self.in_place is not None and not self.emits_ctx:
+            out = self._in_place(values)
+            if out is not None:
+                return (out,)
         if kind == "call":
             args = substitute((node.args, node.kwargs), self._lookup(values))
             ctx = Context()
             with set_grad_enabled(False):
-                out = node.target.forward(ctx, *args[0], **args[1])
+                if _any_global(args[0]) and not node.target.handles_global:
+                    out, ctx = forward_global(node.target, args[0], args[1])
+                else:
+                    out = node.target.forward(ctx, *args[0], **args[1])
             outs = out if type(out) is tuple else (out,)
             return outs + (ctx,) if self.emits_ctx else outs
         if kind == "fn":
@@ -82,6 +98,8 @@ class Step:
             (g,) = substitute(node.args, self._lookup(values))
             p = node.target
             g = g.detach()
+            if p._placement is not None:        # a global parameter: its grad in its SBP
+                g = box_gradient(g, p)
             if self.accumulate and p.grad is not None:
                 p.grad = p.grad + g
             else:
@@ -94,6 +112,33 @@ class Step:
                 node.target()
             return ()
         raise RuntimeError(f"unknown node kind {kind!r}")
+
+    def _in_place(self, values):
+        """The node's elementwise op written into its dying argument's buffer
+        (passes.in_place), or None when that buffer is not safe to take."""
+        node = self.node
+        args = substitute(node.args, self._lookup(values))
+        x = args[self.in_place]
+        if _any_global(args) or not _alone(x):     # global: the op must deduce and box
+            return None
+        arr = x._data
+        if node.attrs["in_place_op"] == "slice_add":      # passes.slice_grad
+            grad, key = args[1], args[2]
+            view = basic_view(arr, key)
+            view += grad._data
+            x._version[0] += 1
+            return Tensor._make(arr, x.dtype, x.device)
+        other = args[1 - self.in_place]
+        if isinstance(other, Tensor):
+            if other.dtype is not x.dtype or other.device != x.device:
+                return None
+            other = other._data
+        else:
+            other = x.dtype.compute.type(other)
+        a, b = (arr, other) if self.in_place == 0 else (other, arr)
+        registry.get(node.attrs["in_place_op"], x.device.type)(a, b, out=arr)
+        x._version[0] += 1          # a context that kept x would now refuse to use it
+        return Tensor._make(arr, x.dtype, x.device)
 
     def _eager_forward(self, values):
         """An op recorded whole, run with eager autograd: the inputs that need a
@@ -138,7 +183,10 @@ class Step:
                      for g, (s, d, dev) in zip(grads, self.out_meta)]
         ctx.needs_input_grad = node.attrs["needs_input_grad"]
         with set_grad_enabled(False):
-            res = node.target.backward(ctx, *grads)
+            if isinstance(ctx, GlobalContext):
+                res = backward_global(ctx, grads)
+            else:
+                res = node.target.backward(ctx, *grads)
         if not isinstance(res, tuple):
             res = (res,)
         out = []
@@ -146,6 +194,50 @@ class Step:
             g = res[slot] if slot < len(res) else None
             out.append(g if g is not None else ops.zeros(v.shape, dtype=v.dtype, device=v.device))
         return tuple(out)
+
+
+def _any_global(args):
+    return any(isinstance(a, Tensor) and a._placement is not None for a in args)
+
+
+def _alone(x):
+    """True when nothing but tensor ``x`` references its array and the array
+    that one views (if any), and the array is a writeable, C-contiguous NumPy
+    (or simulated device) array: writing into it can change no other tensor."""
+    arr = x._data
+    if not isinstance(arr, np.ndarray) or sys.getrefcount(arr) > _ALONE_REFS[0] \
+            or not (arr.flags.writeable and arr.flags.c_contiguous):
+        return False
+    base = arr.base
+    return base is None or (isinstance(base, np.ndarray) and base.base is None
+                            and sys.getrefcount(base) <= _ALONE_REFS[1])
+
+
+def _calibrate():
+    """The reference counts ``_alone`` sees for an array held by one object
+    only, and for the base of a view held by that view only, measured with the
+    same code (CPython versions differ in the references a frame holds)."""
+    class Holder:
+        pass
+    counts = []
+
+    def array_refs(h):
+        arr = h._data
+        return sys.getrefcount(arr)
+
+    def base_refs(h):
+        arr = h._data
+        base = arr.base
+        return sys.getrefcount(base)
+    h = Holder()
+    h._data = np.empty(2)
+    counts.append(array_refs(h))
+    h._data = np.empty(4)[1:3]
+    counts.append(base_refs(h))
+    return counts
+
+
+_ALONE_REFS = _calibrate()
 
 
 def make_steps(graph):
@@ -180,7 +272,8 @@ def run_sequential(graph, steps, inputs, release):
             res = res[:-1]
         for v, r in zip(step.node.outputs, res):
             env[v.id] = r
-        for vid in release[i]:
+        del vals, res               # else they would keep this step's values alive
+        for vid in release[i]:      # through the next one
             env.pop(vid, None)
     return _outputs(graph, env)
 

@@ -3,8 +3,9 @@
 ``compile_plan`` traces ``build`` on the first inputs of a signature, runs
 the passes in order
 
-    trace -> fuse_elementwise -> fuse_add_to_output -> autograd -> optimizer
-          -> constant_folding -> dead_code_elimination -> plan_memory
+    trace -> fuse_elementwise -> fuse_add_to_output -> autograd
+          -> accumulate_slice_grads -> optimizer -> fuse_model_update
+          -> constant_folding -> dead_code_elimination -> in_place -> plan_memory
 
 and keeps every intermediate Graph (``plan.stages``) so ``explain`` can show
 what each pass changed.  ``Plan.run`` executes one call: the micro-batches
@@ -28,6 +29,8 @@ class Plan:
         self.executor = executor
         self.steps = make_steps(self.graph)
         self._task_graph = None
+        # parameters whose .grad the graph recomputes on every call
+        self._grads = [s.node.target for s in self.steps if s.kind == "set_grad"]
 
     @property
     def task_graph(self):
@@ -46,6 +49,8 @@ class Plan:
     def run(self, inputs):
         n = self.accumulation
         tensors = [x for x in inputs if isinstance(x, Tensor)]
+        for p in self._grads:       # the last call's gradients are replaced, not read:
+            p.grad = None           # free them now (eager's zero_grad), not at set_grad
         if n == 1:
             out = self._run_once(tensors)
         else:
@@ -93,7 +98,8 @@ def split_for_accumulation(inputs, n):
 
 
 def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
-                 executor="actors", fuse_elementwise=True, fuse_add_to_output=False):
+                 executor="actors", fuse_elementwise=True, fuse_add_to_output=False,
+                 fuse_model_update=False, in_place=True):
     """Trace ``build`` and return the Plan for this input signature."""
     generator = _random.default_generator
     rng_state = generator.get_state()      # the trace must not shift the random stream
@@ -110,9 +116,13 @@ def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
                       ("fuse_add_to_output", passes.fuse_add_to_output if fuse_add_to_output
                        else _skipped("fuse_add_to_output")),
                       ("autograd", lambda g: passes.autograd(g, 1.0 / accumulation)),
-                      ("optimizer", lambda g: add_update(g, optimizers)),
+                      ("accumulate_slice_grads", passes.accumulate_slice_grads),
+                      ("optimizer", lambda g: passes.add_update(g, optimizers)),
+                      ("fuse_model_update", passes.fuse_model_update if fuse_model_update
+                       else _skipped("fuse_model_update")),
                       ("constant_folding", passes.constant_folding),
                       ("dead_code_elimination", passes.dead_code_elimination),
+                      ("in_place", passes.in_place if in_place else _skipped("in_place")),
                       ("plan_memory", passes.plan_memory)):
         graph = run(graph)
         stages.append((name, graph))
@@ -125,24 +135,6 @@ def _skipped(name):
         g.history.append((name, "off (graph.config)"))
         return g
     return skip
-
-
-def add_update(graph, optimizers):
-    """IR -> IR: one ``update`` node after the backward that steps every
-    optimizer of ``add_optimizer`` (and its LR scheduler).  Each optimizer's
-    step is already one fused kernel per parameter."""
-    if not optimizers:
-        return graph
-
-    def update():
-        for opt, sched in optimizers:
-            opt.step()
-            if sched is not None:
-                sched.step()
-    g = graph.copy()
-    g.nodes.append(Node("update", update, (), {}, [], {}, name="optimizer_update"))
-    g.history.append(("optimizer", f"+1 update node stepping {len(optimizers)} optimizer(s)"))
-    return g
 
 
 __all__ = ["Plan", "compile_plan", "Node"]

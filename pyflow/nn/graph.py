@@ -41,6 +41,7 @@ class GraphConfig:
         self.fuse_elementwise = True
         self.fuse_add_to_output = False
         self.fuse_model_update_ops = False
+        self.in_place = True
         self.gradient_accumulation_steps = 1
         self.executor = "actors"
 
@@ -60,14 +61,15 @@ class GraphConfig:
         self.fuse_add_to_output = bool(mode)
 
     def allow_fuse_model_update_ops(self, mode=True):
-        """One optimizer kernel over all parameters (multi-tensor update): not
-        built yet.  Each parameter's update is already one fused kernel."""
-        if mode:
-            raise NotImplementedError(
-                "graph.config.allow_fuse_model_update_ops(True): a single update kernel over "
-                "all parameters is not implemented yet; each parameter's optimizer step is "
-                "already one fused kernel")
-        self.fuse_model_update_ops = False
+        """One multi-tensor update node (one kernel) per (optimizer, dtype,
+        device) instead of one update node per parameter
+        (pyflow.graph.passes.model_update); off by default, as in OneFlow."""
+        self.fuse_model_update_ops = bool(mode)
+
+    def allow_in_place(self, mode=True):
+        """Elementwise nodes write into an input that dies at them
+        (pyflow.graph.passes.in_place); on by default."""
+        self.in_place = bool(mode)
 
     def set_gradient_accumulation_steps(self, steps):
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
@@ -125,7 +127,8 @@ class Graph:
         parts = []
         for a in args:
             if isinstance(a, Tensor):
-                parts.append(("T", tuple(a.shape), a.dtype.name, str(a.device)))
+                parts.append(("T", tuple(a.shape), a.dtype.name, str(a.device), a._placement,
+                              a._sbp))
             else:
                 try:
                     hash(a)
@@ -137,7 +140,7 @@ class Graph:
         modes = tuple(m.training for _, top in self._modules() for m in top.modules())
         c = self.config
         return (tuple(parts), modes, c.gradient_accumulation_steps, c.executor,
-                c.fuse_elementwise, c.fuse_add_to_output)
+                c.fuse_elementwise, c.fuse_add_to_output, c.fuse_model_update_ops, c.in_place)
 
     def compile(self, *args):
         """The Plan for ``args``' signature (compiling it if new)."""
@@ -147,7 +150,8 @@ class Graph:
             from ..graph.plan import compile_plan
             plan = compile_plan(self.build, args, self._state_names(), self._optimizers,
                                 self.config.gradient_accumulation_steps, self.config.executor,
-                                self.config.fuse_elementwise, self.config.fuse_add_to_output)
+                                self.config.fuse_elementwise, self.config.fuse_add_to_output,
+                                self.config.fuse_model_update_ops, self.config.in_place)
             self._plans[key] = plan
         return plan
 

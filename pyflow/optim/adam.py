@@ -51,37 +51,59 @@ class Adam(Optimizer):
     def step(self, closure=None):
         loss = self._run_closure(closure)
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            lr = scalar_value(group["lr"])
-            amsgrad = group["amsgrad"]
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if len(state) == 0:
-                    state["step"] = tensor(0.0, dtype=_dt.float32)
-                    state["exp_avg"] = zeros_state(p)
-                    state["exp_avg_sq"] = zeros_state(p)
-                    if amsgrad:
-                        state["max_exp_avg_sq"] = zeros_state(p)
-                elif amsgrad and "max_exp_avg_sq" not in state:  # amsgrad switched on later
-                    state["max_exp_avg_sq"] = zeros_state(p)
-                step_t = state["step"]
-                if not isinstance(step_t, Tensor):  # a plain number from an old checkpoint
-                    step_t = state["step"] = tensor(float(step_t), dtype=_dt.float32)
-                step_t._data[...] += 1
-                step_t._version[0] += 1
-                flat = FlatParam(p)
-                kernel("adam_step", p.device.type)(
-                    flat.array, flat_grad(p), flat_state(state, "exp_avg"),
-                    flat_state(state, "exp_avg_sq"),
-                    flat_state(state, "max_exp_avg_sq") if amsgrad else None,
-                    step=float(step_t._data), lr=lr, beta1=beta1, beta2=beta2,
-                    eps=group["eps"], weight_decay=group["weight_decay"], amsgrad=amsgrad,
-                    maximize=group["maximize"],
-                    decoupled_weight_decay=group["decoupled_weight_decay"])
-                flat.write_back()
+                self._update_param(group, p)
         return loss
+
+    # One parameter's step (``step`` and graph mode's per-parameter update
+    # nodes) and many parameters' in one multi-tensor kernel (graph mode's
+    # allow_fuse_model_update_ops); both do the same arithmetic.
+    def _prepare(self, group, p):
+        """Advance p's step count; (FlatParam, flat grad, exp_avg, exp_avg_sq,
+        max_exp_avg_sq or None, hyperparameters, flags)."""
+        amsgrad = group["amsgrad"]
+        state = self.state[p]
+        if len(state) == 0:
+            state["step"] = tensor(0.0, dtype=_dt.float32)
+            state["exp_avg"] = zeros_state(p)
+            state["exp_avg_sq"] = zeros_state(p)
+            if amsgrad:
+                state["max_exp_avg_sq"] = zeros_state(p)
+        elif amsgrad and "max_exp_avg_sq" not in state:  # amsgrad switched on later
+            state["max_exp_avg_sq"] = zeros_state(p)
+        step_t = state["step"]
+        if not isinstance(step_t, Tensor):  # a plain number from an old checkpoint
+            step_t = state["step"] = tensor(float(step_t), dtype=_dt.float32)
+        step_t._data[...] += 1
+        step_t._version[0] += 1
+        beta1, beta2 = group["betas"]
+        hparams = (float(step_t._data), scalar_value(group["lr"]), beta1, beta2, group["eps"],
+                   group["weight_decay"])
+        return (FlatParam(p), flat_grad(p), flat_state(state, "exp_avg"),
+                flat_state(state, "exp_avg_sq"),
+                flat_state(state, "max_exp_avg_sq") if amsgrad else None, hparams,
+                (amsgrad, group["maximize"], group["decoupled_weight_decay"]))
+
+    def _update_param(self, group, p):
+        if p.grad is None:
+            return
+        flat, grad, m, v, vmax, hparams, (amsgrad, maximize, decoupled) = self._prepare(group, p)
+        step, lr, beta1, beta2, eps, wd = hparams
+        kernel("adam_step", p.device.type)(
+            flat.array, grad, m, v, vmax, step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+            weight_decay=wd, amsgrad=amsgrad, maximize=maximize,
+            decoupled_weight_decay=decoupled)
+        flat.write_back()
+
+    def _update_params(self, pairs):
+        """``(group, param)`` pairs, all of one compute dtype and device."""
+        jobs = [self._prepare(g, p) for g, p in pairs if p.grad is not None]
+        if not jobs:
+            return
+        kernel("adam_multi_step", pairs[0][1].device.type)(
+            *([j[0].array for j in jobs],) + tuple([j[k] for j in jobs] for k in range(1, 7)))
+        for j in jobs:
+            j[0].write_back()
 
 
 class AdamW(Adam):

@@ -250,8 +250,14 @@ def _state_dtype(param):
 
 
 def zeros_state(param):
+    """Zeros shaped like ``param``'s data (for a global parameter: its piece, and
+    the state is global with the parameter's placement and SBP)."""
     from ..ops.creation import zeros
-    return zeros(tuple(param.shape), dtype=_state_dtype(param), device=param.device)
+    state = zeros(tuple(param._data.shape), dtype=_state_dtype(param), device=param.device)
+    if param._placement is not None:
+        state._placement, state._sbp, state._logical_shape = \
+            param._placement, param._sbp, param._logical_shape
+    return state
 
 
 class FlatParam:

@@ -36,23 +36,46 @@ class SGD(Optimizer):
     def step(self, closure=None):
         loss = self._run_closure(closure)
         for group in self.param_groups:
-            momentum = group["momentum"]
-            lr = scalar_value(group["lr"])
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                first = False
-                buf = None
-                if momentum != 0:
-                    if state.get("momentum_buffer") is None:
-                        state["momentum_buffer"] = zeros_state(p)
-                        first = True
-                    buf = flat_state(state, "momentum_buffer")
-                flat = FlatParam(p)
-                kernel("sgd_step", p.device.type)(
-                    flat.array, flat_grad(p), buf, lr=lr, momentum=momentum,
-                    dampening=group["dampening"], weight_decay=group["weight_decay"],
-                    nesterov=group["nesterov"], maximize=group["maximize"], first_step=first)
-                flat.write_back()
+                self._update_param(group, p)
         return loss
+
+    # One parameter's step (``step`` and graph mode's per-parameter update
+    # nodes) and many parameters' in one multi-tensor kernel (graph mode's
+    # allow_fuse_model_update_ops); both do the same arithmetic.
+    def _prepare(self, group, p):
+        """(FlatParam, flat grad, momentum buffer or None, hyperparameters, flags)."""
+        momentum = group["momentum"]
+        state = self.state[p]
+        first = False
+        buf = None
+        if momentum != 0:
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = zeros_state(p)
+                first = True
+            buf = flat_state(state, "momentum_buffer")
+        hparams = (scalar_value(group["lr"]), momentum, group["dampening"],
+                   group["weight_decay"])
+        return (FlatParam(p), flat_grad(p), buf, hparams,
+                (group["nesterov"], group["maximize"], first))
+
+    def _update_param(self, group, p):
+        if p.grad is None:
+            return
+        flat, grad, buf, (lr, momentum, dampening, wd), (nesterov, maximize, first) = \
+            self._prepare(group, p)
+        kernel("sgd_step", p.device.type)(
+            flat.array, grad, buf, lr=lr, momentum=momentum, dampening=dampening,
+            weight_decay=wd, nesterov=nesterov, maximize=maximize, first_step=first)
+        flat.write_back()
+
+    def _update_params(self, pairs):
+        """``(group, param)`` pairs, all of one compute dtype and device."""
+        jobs = [self._prepare(g, p) for g, p in pairs if p.grad is not None]
+        if not jobs:
+            return
+        kernel("sgd_multi_step", pairs[0][1].device.type)(
+            [j[0].array for j in jobs], [j[1] for j in jobs], [j[2] for j in jobs],
+            [j[3] for j in jobs], [j[4] for j in jobs])
+        for j in jobs:
+            j[0].write_back()

@@ -90,6 +90,14 @@ def _specs():
     for t in FLOATS:
         add(optim, "adam", (a(t),) * 5 + (t,) * 8 + (B,) * 4, f"adam {t}")
         add(optim, "sgd", (a(t),) * 3 + (t,) * 4 + (B,) * 5, f"sgd {t}")
+        W = optim.TUPLE_WIDTH
+        A = nb.UniTuple(a(t), W)
+        add(optim, "adam_multi", (A,) * 5 + (nb.UniTuple(t, W * optim.ADAM_HP),
+                                             nb.UniTuple(B, W * optim.ADAM_FLAGS), i64),
+            f"adam_multi {t}")
+        add(optim, "sgd_multi", (A,) * 3 + (nb.UniTuple(t, W * optim.SGD_HP),
+                                            nb.UniTuple(B, W * optim.SGD_FLAGS), i64),
+            f"sgd_multi {t}")
     return specs
 
 

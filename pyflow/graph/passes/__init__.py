@@ -3,8 +3,12 @@ never modified) with a line appended to ``graph.history``."""
 from .add_to_output import fuse_add_to_output
 from .autograd import autograd
 from .fusion import fuse_elementwise
+from .in_place import in_place
 from .memory import MemoryPlan, plan_memory
+from .model_update import add_update, fuse_model_update
 from .simplify import constant_folding, dead_code_elimination
+from .slice_grad import accumulate_slice_grads
 
-__all__ = ["fuse_add_to_output", "autograd", "fuse_elementwise", "constant_folding", "dead_code_elimination", "plan_memory",
-           "MemoryPlan"]
+__all__ = ["fuse_add_to_output", "autograd", "fuse_elementwise", "add_update",
+           "fuse_model_update", "constant_folding", "dead_code_elimination", "in_place",
+           "plan_memory", "MemoryPlan", "accumulate_slice_grads"]
