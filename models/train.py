@@ -242,8 +242,9 @@ class Batches:
     on every rank: its state is the data position), of which each rank keeps its
     own slice."""
 
-    def __init__(self, data, args, rank, world_size):
+    def __init__(self, data, args, rank, world_size, placement=None):
         self.data, self.rank, self.world_size = data, rank, world_size
+        self.placement = placement      # global tensors: the slices are pieces of split(0)
         self.batch, self.block = args.batch_size, args.block_size
         self.device = args.device
         self.generator = pyflow.Generator().manual_seed(args.seed)
@@ -256,7 +257,19 @@ class Batches:
         x, y = self.data.get_batch(split, self.batch, self.block, generator or self.generator)
         if self.world_size > 1:
             x, y = self._slice(x), self._slice(y)
-        return x.to(self.device), y.to(self.device)
+        x, y = x.to(self.device), y.to(self.device)
+        if self.placement is not None:
+            split = pyflow.sbp.split(0)
+            x, y = x.to_global(self.placement, split), y.to_global(self.placement, split)
+        return x, y
+
+
+def _value(comm, loss):
+    """A loss as a Python float, averaged over the ranks' slices (a global loss is
+    already the whole batch's)."""
+    if loss.is_global:
+        return loss.to_global(sbp=pyflow.sbp.broadcast).to_local().item()
+    return _mean_over_ranks(comm, loss.item())
 
 
 def _mean_over_ranks(comm, value):
@@ -276,9 +289,9 @@ def evaluate(model, batches, args, comm):
     with pyflow.no_grad():
         for _ in range(args.eval_iters):
             x, y = batches.next("val", generator)
-            total += loss_of(model, x, y).item()
+            total += _value(comm, loss_of(model, x, y))
     model.train()
-    return _mean_over_ranks(comm, total / args.eval_iters)
+    return total / args.eval_iters
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -318,8 +331,20 @@ def load_checkpoint(path, run_info):
     return ckpt
 
 
+def _local(state):
+    """A state dict with replicated global tensors as local ones (their piece is
+    the whole tensor), so checkpoints of data-parallel runs are the same files."""
+    if isinstance(state, dict):
+        return {k: _local(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_local(v) for v in state]
+    if isinstance(state, pyflow.Tensor) and state.is_global:
+        return state.to_global(sbp=pyflow.sbp.broadcast).to_local()
+    return state
+
+
 def save_checkpoint(path, model, optimizer, scheduler, step, batches, run_info):
-    pyflow.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+    pyflow.save({"model": _local(model.state_dict()), "optimizer": _local(optimizer.state_dict()),
                  "scheduler": scheduler.state_dict(), "step": step,
                  "rng": pyflow.get_rng_state(), "data_rng": batches.generator.get_state(),
                  "run": run_info}, path)
@@ -385,10 +410,6 @@ def run(args):
     from pyflow.comm import world
     comm = world()
     rank, world_size = comm.rank, comm.size
-    if args.graph and world_size > 1:
-        raise TrainError(f"--graph on {world_size} ranks: graph-mode data parallel comes with "
-                         f"global tensors (SBP placements) and is not wired into the trainer "
-                         f"yet; use --eager for data parallel training")
     if args.batch_size % world_size:
         raise TrainError(f"--batch-size {args.batch_size} is the global batch and must be a "
                          f"multiple of the number of ranks ({world_size})")
@@ -422,10 +443,17 @@ def run(args):
     pyflow.manual_seed(args.seed)
     model, model_config = build_model(args, data)
     model.to(args.device)
+    placement = None
+    if args.graph and world_size > 1:
+        # Graph-mode data parallel is OneFlow's: parameters replicated (broadcast),
+        # the batch split along dim 0; the gradients' all-reduce is the boxing of
+        # each parameter's partial-sum gradient back to broadcast.
+        placement = pyflow.placement(args.device, list(range(world_size)))
+        model.to_global(placement, pyflow.sbp.broadcast)
     optimizer = build_optimizer(args, model)
     scheduler = pyflow.optim.lr_scheduler.LambdaLR(optimizer,
                                                    WarmupCosine(args.warmup, args.steps))
-    batches = Batches(data, args, rank, world_size)
+    batches = Batches(data, args, rank, world_size, placement)
     run_info = _run_info(args, model_config, data)
     start = 0
     if args.resume:
@@ -440,7 +468,7 @@ def run(args):
         os.makedirs(args.ckpt_dir, exist_ok=True)
 
     train_model = model
-    if world_size > 1:
+    if world_size > 1 and placement is None:
         from pyflow.nn.parallel import DistributedDataParallel
         train_model = DistributedDataParallel(model, comm=comm)
     graph = TrainGraph(model, optimizer, scheduler) if args.graph else None
@@ -471,7 +499,7 @@ def run(args):
             loss.backward()
             optimizer.step()
             scheduler.step()
-        loss = _mean_over_ranks(comm, loss.item())
+        loss = _value(comm, loss)
         dt = time.perf_counter() - t0
         times.append(dt)
         losses[step] = loss

@@ -226,7 +226,7 @@ def test_command_line_exit_codes(tmp_path):
 
 # ---------------------------------------------------------------- data parallel
 @pytest.mark.cpu_only
-def test_data_parallel_on_two_ranks_equals_one_rank(tmp_path, text_file):
+def test_data_parallel_on_two_ranks_equals_one_rank_eager_and_graph(tmp_path, text_file):
     args = ["--data", text_file, "--steps", "3", "--warmup", "1", "--eval-every", "0",
             "--eval-iters", "2", "--block-size", "16", "--batch-size", "8"]
     single = run(*args, "--no-progress")
@@ -237,9 +237,14 @@ def test_data_parallel_on_two_ranks_equals_one_rank(tmp_path, text_file):
     for row in rows:
         assert float(row["loss"]) == pytest.approx(single["losses"][int(row["step"])], abs=2e-6)
     assert float(rows[-1]["val_loss"]) == pytest.approx(single["val_losses"][3], abs=2e-6)
-    graph = pyflow_run(2, TRAIN_PY, *args, "--graph")
-    assert graph.returncode != 0
-    assert "graph-mode data parallel comes with global tensors" in graph.stdout + graph.stderr
+    # graph mode: global tensors (parameters broadcast, batch split), same losses
+    graph = pyflow_run(2, TRAIN_PY, *args, "--graph", "--no-progress",
+                       "--out", str(tmp_path / "graph_dp"))
+    assert graph.returncode == 0, graph.stdout + graph.stderr
+    rows = read_log(tmp_path / "graph_dp")
+    for row in rows:
+        assert float(row["loss"]) == pytest.approx(single["losses"][int(row["step"])], abs=2e-6)
+    assert float(rows[-1]["val_loss"]) == pytest.approx(single["val_losses"][3], abs=2e-6)
 
 
 @pytest.mark.cpu_only
