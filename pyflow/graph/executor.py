@@ -45,6 +45,7 @@ class Step:
         self.skip_update = False                # not the last micro-batch: no optimizer step
         self.backward_slots = ()                # eager forward: input positions to differentiate
         self.in_place = node.attrs.get("in_place")      # argument whose buffer it may take
+        self.grad_sync = None                   # set_grad / update: data parallel's GradSync
 
     @property
     def name(self):
@@ -98,7 +99,10 @@ class Step:
             (g,) = substitute(node.args, self._lookup(values))
             p = node.target
             g = g.detach()
-            if p._placement is not None:        # a global parameter: its grad in its SBP
+            sync = self.grad_sync
+            if sync is not None and sync.covers(p):
+                g = sync.as_partial(g, p)       # reduced later, in one bucketed all_reduce
+            elif p._placement is not None:      # a global parameter: its grad in its SBP
                 g = box_gradient(g, p)
             if self.accumulate and p.grad is not None:
                 p.grad = p.grad + g
@@ -108,6 +112,8 @@ class Step:
         if kind == "update":
             if self.skip_update:
                 return ()
+            if self.grad_sync is not None:
+                self.grad_sync.flush()
             with autograd.no_grad():
                 node.target()
             return ()
@@ -254,7 +260,70 @@ def make_steps(graph):
         if node.id in backward_of:
             step.backward_slots = backward_of[node.id].attrs["slots"]
         steps.append(step)
+    sync = GradSync.of(steps)
+    for step in steps:
+        if step.kind in ("set_grad", "update"):
+            step.grad_sync = sync
     return steps
+
+
+class GradSync:
+    """Data parallel's gradient all-reduce in a graph, bucketed.
+
+    A replicated (broadcast) global parameter gets a partial-sum gradient from
+    backward (dispatch.py's dual rule); boxing each one to broadcast would be one
+    all_reduce per parameter.  Instead ``set_grad`` keeps the partial sums in
+    ``.grad`` and the first ``update`` step (which lowering runs after every
+    ``set_grad``) reduces them all with ``pyflow.comm.GradBucketer``: one
+    all_reduce per bucket of 25 MB, as ``DistributedDataParallel`` does.  A
+    graph without an optimizer flushes at the end of the run (``Plan.run``).
+    Only parameters broadcast on a 1-D placement are bucketed; the others are
+    boxed one by one."""
+
+    def __init__(self, params):
+        from ..comm import GradBucketer
+        by_placement = {}
+        for p in params:
+            by_placement.setdefault(p._placement, []).append(p)
+        self.bucketers = [GradBucketer(ps, comm=plc.comm, average=False)
+                          for plc, ps in by_placement.items()]
+        self.ids = {id(p) for p in params}
+        self.pending = False
+
+    @classmethod
+    def of(cls, steps):
+        from ..distributed.sbp import broadcast
+        params = [s.node.target for s in steps if s.kind == "set_grad"]
+        params = [p for p in params if p._placement is not None and p._sbp == (broadcast,)
+                  and p._placement.comm is not None]
+        return cls(params) if params else None
+
+    def covers(self, p):
+        return id(p) in self.ids
+
+    def as_partial(self, g, p):
+        """``p``'s gradient ``g`` as a partial sum: a local gradient is the piece of
+        the dual layout (P), a broadcast one becomes P by a local zero-fill."""
+        from ..distributed.dispatch import label
+        from ..distributed.sbp import partial_sum
+        self.pending = True
+        if g._placement is None:
+            return label(Tensor._make(g._data, g.dtype, g.device), p._placement,
+                         (partial_sum,), p.shape)
+        return g if g._sbp == (partial_sum,) else g.to_global(sbp=partial_sum)
+
+    def flush(self):
+        """Sum every bucketed gradient over the ranks; ``.grad`` becomes broadcast."""
+        if not self.pending:
+            return
+        self.pending = False
+        for bucketer in self.bucketers:
+            bucketer.reduce()
+            for bucket in bucketer.buckets:
+                for p in bucket.params:
+                    g = p.grad
+                    g._placement, g._sbp, g._logical_shape = \
+                        p._placement, p._sbp, p._logical_shape
 
 
 def run_sequential(graph, steps, inputs, release):

@@ -60,6 +60,10 @@ def lower(graph, steps, registers=1, streaming=False):
     feedback, last_writers = _feedback(graph, steps) if streaming else ({}, set())
     by_name = {st.name: st for st in steps}
     token_of = {}
+    # Over global tensors any step may run a collective, and MPI needs every rank
+    # to post them in the same order: each step then also waits for the one
+    # before it (they share the compute stream's thread, so little is lost).
+    ordered, previous = getattr(graph, "is_global", False), None
     for step in steps:
         node = step.node
         inputs = [ports[v.id] for v in step.feeds]
@@ -67,6 +71,8 @@ def lower(graph, steps, registers=1, streaming=False):
             inputs.append(ctx_port[node.attrs["forward"]])
         control = [] if inputs else [src]
         control += [Port(name, 0) for name in after.get(step.name, ())]
+        if ordered and previous is not None:
+            control.append(Port(previous, token_of[previous]))
         control += [Port(writer, _token_index(by_name[writer]))
                     for writer in feedback.get(step.name, ())]
         n_data = len(node.outputs) + (1 if step.emits_ctx else 0)
@@ -84,6 +90,7 @@ def lower(graph, steps, registers=1, streaming=False):
                  registers=max(registers, 2) if writes_back else registers)
         for p in inputs + control:
             consumers.setdefault(p.actor, []).append(step.name)
+        previous = step.name
         for i, v in enumerate(node.outputs):
             ports[v.id] = Port(step.name, i)
         if step.emits_ctx:

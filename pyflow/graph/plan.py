@@ -31,6 +31,8 @@ class Plan:
         self._task_graph = None
         # parameters whose .grad the graph recomputes on every call
         self._grads = [s.node.target for s in self.steps if s.kind == "set_grad"]
+        # data parallel's bucketed gradient all-reduce (executor.GradSync), if any
+        self.grad_sync = next((s.grad_sync for s in self.steps if s.grad_sync), None)
 
     @property
     def task_graph(self):
@@ -62,6 +64,8 @@ class Plan:
                     s.skip_update = k < n - 1       # the optimizer steps after the last one
                 outs.append(self._run_once([c[k] for c in chunks]))
             out = _combine(outs)
+        if self.grad_sync is not None:    # a graph without an optimizer: reduce grads now
+            self.grad_sync.flush()
         return out
 
 

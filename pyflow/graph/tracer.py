@@ -366,6 +366,10 @@ def trace(build, inputs, state_names=None):
                 f"an op the tracer cannot record; use an out-of-place op or an in-place "
                 f"tensor method (add_, mul_, copy_, ...)")
     graph = Graph(tracer.nodes, graph_inputs, outputs, tracer.state, tracer.backward)
+    # Over global tensors the steps run collectives (boxing), which every rank must
+    # post in the same order: lowering chains the steps in program order.
+    graph.is_global = any(isinstance(x, Tensor) and x._placement is not None for x in inputs) \
+        or any(v.tensor._placement is not None for v in tracer.state)
     graph.history.append(("trace", f"{len(tracer.nodes)} nodes from build()"))
     return graph
 

@@ -165,7 +165,8 @@ class Graph:
         ``registers`` batches in flight per edge.  Results equal calling the
         graph batch by batch (parameter updates are fed forward by feedback
         edges).  Returns the list of build()'s outputs.  Every batch must match
-        the first one's signature (use ``drop_last=True``)."""
+        the first one's signature (use ``drop_last=True``).  Over global tensors
+        the batches run one after another (collectives need one order)."""
         from ..graph.lowering import run_stream
         if not isinstance(registers, int) or registers < 1:
             raise ValueError(f"run_batches: registers must be an int >= 1, got {registers!r}")
@@ -179,6 +180,11 @@ class Graph:
             return []
         first = first if isinstance(first, (tuple, list)) else (first,)
         plan = self.compile(*first)
+        if getattr(plan.graph, "is_global", False):
+            # Collectives must be posted in one order on every rank; overlapping
+            # iterations would let timing decide it.  Run the batches one by one.
+            return [self(*first)] + [self(*(b if isinstance(b, (tuple, list)) else (b,)))
+                                     for b in it]
 
         def signature(batch):
             return self._signature(batch)
