@@ -155,6 +155,7 @@ class GlobalContext:
         self.inner = self.in_sbps = self.in_shapes = self.out_sbps = self.out_pieces = None
         self.needs_input_grad = None
         self.non_differentiable = ()
+        self.boxings = []               # (argument, from sbp, to sbp, shape, dtype)
 
 
 def _placement_of(fn_class, args):
@@ -198,10 +199,11 @@ def forward_global(fn_class, args, kwargs):
     g = GlobalContext(fn_class, positions, chosen, placement, sizes)
     g.n_args = len(args)
     local = list(args)
-    g.in_sbps, g.in_shapes = [], []
+    g.in_sbps, g.in_shapes, g.boxings = [], [], []
     for j, (p, t) in enumerate(zip(positions, tensors)):
         want = tuple(c.ins[j] for c in chosen)
         if t._sbp != want:
+            g.boxings.append((p, t._sbp, want, tuple(t.shape), t.dtype))
             t = t.to_global(sbp=want)
         g.in_sbps.append(want)
         g.in_shapes.append(tuple(t.shape))

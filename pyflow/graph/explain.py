@@ -15,12 +15,56 @@ def explain_plan(plan):
     lines.append("")
     lines.append("logical graph:")
     lines.append(str(plan.graph))
+    if getattr(plan.graph, "is_global", False):
+        lines.append("")
+        lines.extend(_sbp_lines(plan))
     if plan.graph.memory is not None:
         lines.append("")
         lines.append("memory: " + plan.graph.memory.summary())
     lines.append("")
     lines.append(plan.task_graph[0].describe())
     return "\n".join(lines)
+
+
+def _sbp_lines(plan):
+    """Global tensors: each forward node's output SBP and the boxing the trace
+    inserted before it (bytes sent per rank), and data parallel's gradient
+    all-reduce.  The backward's boxing follows from the forward's signatures (the
+    dual rule of pyflow/distributed/dispatch.py) and is decided when it runs."""
+    from ..distributed.boxing import describe_nd
+    lines = ["SBP (forward signatures from the trace; boxing bytes sent per rank):"]
+    total = 0
+    for node in plan.graph.nodes:
+        info = node.attrs.get("sbp")
+        if info is None:
+            continue
+        placement, outs, boxings = info
+        out = ", ".join("(" + ", ".join(_short(s) for s in sbp) + ")" for sbp in outs)
+        lines.append(f"  {node.name:<28} -> {out}")
+        for arg, src, dst, shape, dtype in boxings:
+            steps = describe_nd(src, dst, shape, dtype, placement)
+            nbytes = sum(st.bytes for st in steps)
+            total += nbytes
+            ops = " + ".join(st.op for st in steps) or "identity"
+            lines.append(f"      boxing arg {arg} {'x'.join(map(str, shape))} "
+                         f"({', '.join(map(_short, src))}) -> ({', '.join(map(_short, dst))}): "
+                         f"{ops}, {nbytes:,} bytes")
+    lines.append(f"  forward boxing total: {total:,} bytes per rank per step")
+    sync = plan.grad_sync
+    if sync is not None:
+        for b in sync.bucketers:
+            n = sum(len(bk.params) for bk in b.buckets)
+            size = sum(bk.nbytes for bk in b.buckets)
+            lines.append(f"  gradient all_reduce (data parallel): {n} parameters in "
+                         f"{len(b.buckets)} bucket(s) of {size:,} bytes over {b.comm.size} "
+                         f"ranks, before the update")
+    return lines
+
+
+def _short(sbp):
+    if sbp.is_split:
+        return f"S({sbp.dim})"
+    return "B" if sbp.kind == "broadcast" else "P"
 
 
 def explain(graph):

@@ -136,9 +136,11 @@ class Tracer:
         outs = out if type(out) is tuple else (out,)
         nondiff = tuple(i for i, o in enumerate(outs)
                         if any(o is n for n in ctx.non_differentiable))
-        node = self._add("call", cls, args, kwargs, outs,
-                         dict(grad_enabled=grad_enabled, non_differentiable=nondiff,
-                              tuple_output=type(out) is tuple))
+        attrs = dict(grad_enabled=grad_enabled, non_differentiable=nondiff,
+                     tuple_output=type(out) is tuple)
+        if ctx.__class__.__name__ == "GlobalContext":   # what explain shows of the SBP
+            attrs["sbp"] = (ctx.placement, [o._sbp for o in outs], ctx.boxings)
+        node = self._add("call", cls, args, kwargs, outs, attrs)
         self._mark_requires_grad(node, [a for a in args if isinstance(a, Tensor)], outs)
         return out
 

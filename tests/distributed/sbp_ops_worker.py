@@ -230,6 +230,9 @@ def graph_training(executor):
         got = graph(x, y)
         np.testing.assert_allclose(got.to_global(sbp=S.broadcast).to_local().numpy(),
                                    want.detach().numpy(), rtol=1e-10)
+    text = pyflow.explain(graph)
+    assert "SBP (forward signatures" in text and "-> (S(1))" in text, text
+    assert "gradient all_reduce (data parallel): 1 parameters in 1 bucket(s)" in text, text
     for name, p in model.named_parameters():
         assert p.sbp == (layout[name],), (name, p.sbp)
         ref = dict(ref_model.named_parameters())[name].detach().numpy()
