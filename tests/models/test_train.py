@@ -274,3 +274,14 @@ def test_sigkill_then_resume(tmp_path, text_file):
     assert resumed["start"] == step and step % 3 == 0
     for s in range(step + 1, 31):
         assert resumed["losses"][s] == full["losses"][s], s
+
+
+def test_loss_plot_is_written(tmp_path):
+    """The end-of-run plot (matplotlib, the ``plot`` extra that ``make`` installs)."""
+    pytest.importorskip("matplotlib")
+    from models import train
+    log = tmp_path / "train_log.csv"
+    log.write_text("step,loss,lr,samples_per_s,val_loss\n1,4.0,0.001,10,\n2,3.0,0.001,10,3.5\n")
+    path, why = train.plot(str(log), str(tmp_path))
+    assert why is None and path == str(tmp_path / "loss.png")
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
