@@ -238,6 +238,66 @@ def _check_lists(op, lists, names):
     return n
 
 
+def adam_members(op, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hparams, flags):
+    """The argument checks of ``adam_multi_step`` that do not depend on the device
+    (the CPU and CUDA kernels share them).  Yields, per parameter i,
+    ``(i, names, arrays, scalars, amsgrad, maximize, decoupled)``: the arrays
+    the kernel touches with their argument names, and the packed scalars
+    ``(wd, 1 - lr*wd, 1 - beta1, beta2, 1 - beta2, -lr/bc1, sqrt(bc2), eps)``,
+    the same double-precision values as ``adam_step`` computes."""
+    n = _check_lists(op, [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hparams, flags],
+                     ["params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs",
+                      "hparams", "flags"])
+    rows = {}                     # hyperparameters seen -> packed scalars (usually one)
+    for i in range(n):
+        amsgrad, maximize, decoupled = (bool(f) for f in flags[i])
+        names = [f"params[{i}]", f"grads[{i}]", f"exp_avgs[{i}]", f"exp_avg_sqs[{i}]"]
+        arrays = [params[i], grads[i], exp_avgs[i], exp_avg_sqs[i]]
+        if amsgrad:
+            if max_exp_avg_sqs[i] is None:
+                raise ValueError(f"{op}: amsgrad=True for parameter {i} needs "
+                                 f"'max_exp_avg_sqs[{i}]'")
+            names.append(f"max_exp_avg_sqs[{i}]")
+            arrays.append(max_exp_avg_sqs[i])
+        row = rows.get(hparams[i])
+        if row is None:
+            step, lr, beta1, beta2, eps, weight_decay = hparams[i]
+            _check_adam_hparams(lr, beta1, beta2, eps, weight_decay)
+            if not step >= 1:
+                raise ValueError(f"{op}: step of parameter {i} must be >= 1, got {step}")
+            bias_correction1 = 1 - beta1 ** step
+            bias_correction2 = 1 - beta2 ** step
+            row = rows[hparams[i]] = (weight_decay, 1 - lr * weight_decay, 1 - beta1, beta2,
+                                      1 - beta2, -(lr / bias_correction1),
+                                      bias_correction2 ** 0.5, eps)
+        yield i, names, arrays, row, amsgrad, maximize, decoupled
+
+
+def sgd_members(op, params, grads, momentum_buffers, hparams, flags):
+    """The device-independent checks of ``sgd_multi_step``.  Yields, per parameter
+    i, ``(i, names, arrays, scalars, use_momentum, first_step, nesterov,
+    maximize)`` with scalars ``(-lr, weight_decay, momentum, 1 - dampening)``."""
+    n = _check_lists(op, [params, grads, momentum_buffers, hparams, flags],
+                     ["params", "grads", "momentum_buffers", "hparams", "flags"])
+    checked = set()               # hyperparameters already checked
+    for i in range(n):
+        lr, momentum, dampening, weight_decay = hparams[i]
+        nesterov, maximize, first_step = (bool(f) for f in flags[i])
+        names, arrays = [f"params[{i}]", f"grads[{i}]"], [params[i], grads[i]]
+        use_momentum = momentum != 0
+        if use_momentum:
+            if momentum_buffers[i] is None:
+                raise ValueError(f"{op}: momentum != 0 for parameter {i} needs "
+                                 f"'momentum_buffers[{i}]'")
+            names.append(f"momentum_buffers[{i}]")
+            arrays.append(momentum_buffers[i])
+        if hparams[i] not in checked:
+            _check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
+            checked.add(hparams[i])
+        yield (i, names, arrays, (-lr, weight_decay, momentum, 1 - dampening), use_momentum,
+               first_step, nesterov, maximize)
+
+
 def _check_group_arrays(op, names, arrays, dtype):
     """``_check_arrays`` with a fast path (this runs once per parameter per
     step), plus: every parameter of a call has the first one's dtype."""
@@ -277,41 +337,19 @@ def adam_multi_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hpara
     ``flags[i]`` ``(amsgrad, maximize, decoupled_weight_decay)`` of parameter i;
     ``max_exp_avg_sqs[i]`` may be None where amsgrad is off."""
     op = "adam_multi_step"
-    n = _check_lists(op, [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hparams, flags],
-                     ["params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs",
-                      "hparams", "flags"])
-    if n == 0:
-        return
-    dtype = params[0].dtype if isinstance(params[0], np.ndarray) else None
+    n = len(params) if isinstance(params, (list, tuple)) else 0
+    dtype = params[0].dtype if n and isinstance(params[0], np.ndarray) else None
     hp = np.empty((n, len(_ADAM_HP)), dtype=dtype if dtype in _FLOATS else np.float64)
     flag_rows = np.zeros((n, 3), np.int8)
-    maxes, rows = [], {}          # rows: hyperparameters seen -> packed row (usually one)
-    for i in range(n):
-        amsgrad, maximize, decoupled = (bool(f) for f in flags[i])
-        names = [f"params[{i}]", f"grads[{i}]", f"exp_avgs[{i}]", f"exp_avg_sqs[{i}]"]
-        arrays = [params[i], grads[i], exp_avgs[i], exp_avg_sqs[i]]
-        if amsgrad:
-            if max_exp_avg_sqs[i] is None:
-                raise ValueError(f"{op}: amsgrad=True for parameter {i} needs "
-                                 f"'max_exp_avg_sqs[{i}]'")
-            names.append(f"max_exp_avg_sqs[{i}]")
-            arrays.append(max_exp_avg_sqs[i])
+    maxes = []
+    for i, names, arrays, row, amsgrad, maximize, decoupled in adam_members(
+            op, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hparams, flags):
         _check_group_arrays(op, names, arrays, dtype)
-        row = rows.get(hparams[i])
-        if row is None:
-            step, lr, beta1, beta2, eps, weight_decay = hparams[i]
-            _check_adam_hparams(lr, beta1, beta2, eps, weight_decay)
-            if not step >= 1:
-                raise ValueError(f"{op}: step of parameter {i} must be >= 1, got {step}")
-            # the same double-precision scalars as adam_step, then cast by the array
-            bias_correction1 = 1 - beta1 ** step
-            bias_correction2 = 1 - beta2 ** step
-            row = rows[hparams[i]] = (weight_decay, 1 - lr * weight_decay, 1 - beta1, beta2,
-                                      1 - beta2, -(lr / bias_correction1),
-                                      bias_correction2 ** 0.5, eps)
         hp[i] = row
         flag_rows[i] = (amsgrad, maximize, decoupled)
         maxes.append(max_exp_avg_sqs[i] if amsgrad else _EMPTY[dtype])
+    if n == 0:
+        return
     chunks, pad = _padded_chunks(n, dtype)
     grads = [_writeable(g) for g in grads]
     for lo, hi in chunks:
@@ -328,31 +366,19 @@ def sgd_multi_step(params, grads, momentum_buffers, hparams, flags):
     ``flags[i]`` ``(nesterov, maximize, first_step)`` of parameter i;
     ``momentum_buffers[i]`` may be None where momentum is 0."""
     op = "sgd_multi_step"
-    n = _check_lists(op, [params, grads, momentum_buffers, hparams, flags],
-                     ["params", "grads", "momentum_buffers", "hparams", "flags"])
-    if n == 0:
-        return
-    dtype = params[0].dtype if isinstance(params[0], np.ndarray) else None
+    n = len(params) if isinstance(params, (list, tuple)) else 0
+    dtype = params[0].dtype if n and isinstance(params[0], np.ndarray) else None
     hp = np.empty((n, 4), dtype=dtype if dtype in _FLOATS else np.float64)
     flag_rows = np.zeros((n, 4), np.int8)
-    bufs, rows = [], {}           # hyperparameters already checked
-    for i in range(n):
-        lr, momentum, dampening, weight_decay = hparams[i]
-        nesterov, maximize, first_step = (bool(f) for f in flags[i])
-        names, arrays = [f"params[{i}]", f"grads[{i}]"], [params[i], grads[i]]
-        use_momentum = momentum != 0
-        if use_momentum:
-            if momentum_buffers[i] is None:
-                raise ValueError(f"{op}: momentum != 0 for parameter {i} needs "
-                                 f"'momentum_buffers[{i}]'")
-            names.append(f"momentum_buffers[{i}]")
-            arrays.append(momentum_buffers[i])
+    bufs = []
+    for i, names, arrays, row, use_momentum, first_step, nesterov, maximize in sgd_members(
+            op, params, grads, momentum_buffers, hparams, flags):
         _check_group_arrays(op, names, arrays, dtype)
-        if hparams[i] not in rows:
-            rows[hparams[i]] = _check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
-        hp[i] = (-lr, weight_decay, momentum, 1 - dampening)
+        hp[i] = row
         flag_rows[i] = (use_momentum, first_step, nesterov, maximize)
         bufs.append(momentum_buffers[i] if use_momentum else _EMPTY[dtype])
+    if n == 0:
+        return
     chunks, pad = _padded_chunks(n, dtype)
     grads = [_writeable(g) for g in grads]
     for lo, hi in chunks:

@@ -17,7 +17,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from ..cpu.optim import _check_adam_hparams, _check_sgd_hparams
+from ..cpu.optim import _check_adam_hparams, _check_sgd_hparams, adam_members, sgd_members
 from ..registry import register
 from ._memory import launch_config, stream, zeros
 from .copy import describe, read_only
@@ -223,15 +223,13 @@ def sgd_step(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0
 
 
 # ------------------------------------------------------------------ multi-tensor updates
-def _check_lists(op, lists, names):
-    n = len(lists[0])
-    for name, items in zip(names, lists):
-        if not isinstance(items, (list, tuple)):
-            raise TypeError(f"{op}: '{name}' must be a list of arrays, got {type(items).__name__}")
-        if len(items) != n:
-            raise ValueError(f"{op}: '{name}' has {len(items)} entries, expected {n} "
-                             f"(one per parameter, like '{names[0]}')")
-    return n
+def _same_dtype(op, i, names, arrays, dt):
+    """Check parameter i's arrays; every parameter of a call has one dtype."""
+    _, a_dt = _check_arrays(op, names, arrays)
+    if dt is not None and a_dt != dt:
+        raise TypeError(f"{op}: 'params[{i}]' has dtype {a_dt}, expected {dt} (the dtype "
+                        f"of 'params[0]'); call once per dtype")
+    return a_dt
 
 
 def _kernel_array(a):
@@ -267,37 +265,16 @@ def adam_multi_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hpara
     """``adam_step`` over many parameters of one dtype in one launch per
     TUPLE_WIDTH parameters (the CPU kernel's signature and checks)."""
     op = "adam_multi_step"
-    n = _check_lists(op, [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hparams, flags],
-                     ["params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs",
-                      "hparams", "flags"])
-    if n == 0:
-        return
     scalars, flag_rows, maxes, dt = [], [], [], None
-    for i in range(n):
-        amsgrad, maximize, decoupled = (bool(f) for f in flags[i])
-        names = [f"params[{i}]", f"grads[{i}]", f"exp_avgs[{i}]", f"exp_avg_sqs[{i}]"]
-        arrays = [params[i], grads[i], exp_avgs[i], exp_avg_sqs[i]]
-        if amsgrad:
-            if max_exp_avg_sqs[i] is None:
-                raise ValueError(f"{op}: amsgrad=True for parameter {i} needs "
-                                 f"'max_exp_avg_sqs[{i}]'")
-            names.append(f"max_exp_avg_sqs[{i}]")
-            arrays.append(max_exp_avg_sqs[i])
-        _, a_dt = _check_arrays(op, names, arrays)
-        if dt is not None and a_dt != dt:
-            raise TypeError(f"{op}: 'params[{i}]' has dtype {a_dt}, expected {dt} (the dtype "
-                            f"of 'params[0]'); call once per dtype")
-        dt = a_dt
-        step, lr, beta1, beta2, eps, weight_decay = hparams[i]
-        _check_adam_hparams(lr, beta1, beta2, eps, weight_decay)
-        if not step >= 1:
-            raise ValueError(f"{op}: step of parameter {i} must be >= 1, got {step}")
-        bias_correction1 = 1 - beta1 ** step
-        bias_correction2 = 1 - beta2 ** step
-        scalars.append((weight_decay, 1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2,
-                        -(lr / bias_correction1), bias_correction2 ** 0.5, eps))
+    for i, names, arrays, row, amsgrad, maximize, decoupled in adam_members(
+            op, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hparams, flags):
+        dt = _same_dtype(op, i, names, arrays, dt)
+        weight_decay = row[0]
+        scalars.append(row)
         flag_rows.append((weight_decay != 0, amsgrad, maximize, decoupled))
         maxes.append(max_exp_avg_sqs[i] if amsgrad else None)
+    if not scalars:
+        return
     _launch_multi("adam_multi", [params, [_grad_member(g) for g in grads], exp_avgs,
                                  exp_avg_sqs, maxes], scalars, flag_rows, dt, params[0])
 
@@ -307,31 +284,15 @@ def sgd_multi_step(params, grads, momentum_buffers, hparams, flags):
     """``sgd_step`` over many parameters of one dtype in one launch per
     TUPLE_WIDTH parameters (the CPU kernel's signature and checks)."""
     op = "sgd_multi_step"
-    n = _check_lists(op, [params, grads, momentum_buffers, hparams, flags],
-                     ["params", "grads", "momentum_buffers", "hparams", "flags"])
-    if n == 0:
-        return
     scalars, flag_rows, bufs, dt = [], [], [], None
-    for i in range(n):
-        lr, momentum, dampening, weight_decay = hparams[i]
-        nesterov, maximize, first_step = (bool(f) for f in flags[i])
-        names, arrays = [f"params[{i}]", f"grads[{i}]"], [params[i], grads[i]]
-        use_momentum = momentum != 0
-        if use_momentum:
-            if momentum_buffers[i] is None:
-                raise ValueError(f"{op}: momentum != 0 for parameter {i} needs "
-                                 f"'momentum_buffers[{i}]'")
-            names.append(f"momentum_buffers[{i}]")
-            arrays.append(momentum_buffers[i])
-        _, a_dt = _check_arrays(op, names, arrays)
-        if dt is not None and a_dt != dt:
-            raise TypeError(f"{op}: 'params[{i}]' has dtype {a_dt}, expected {dt} (the dtype "
-                            f"of 'params[0]'); call once per dtype")
-        dt = a_dt
-        _check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
-        scalars.append((-lr, weight_decay, momentum, 1 - dampening))
-        flag_rows.append((weight_decay != 0, use_momentum, first_step, nesterov, maximize))
+    for i, names, arrays, row, use_momentum, first_step, nesterov, maximize in sgd_members(
+            op, params, grads, momentum_buffers, hparams, flags):
+        dt = _same_dtype(op, i, names, arrays, dt)
+        scalars.append(row)
+        flag_rows.append((row[1] != 0, use_momentum, first_step, nesterov, maximize))
         bufs.append(momentum_buffers[i] if use_momentum else None)
+    if not scalars:
+        return
     _launch_multi("sgd_multi", [params, [_grad_member(g) for g in grads], bufs],
                   scalars, flag_rows, dt, params[0])
 
