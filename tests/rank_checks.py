@@ -32,3 +32,18 @@ class RankChecks:
             print(f"rank {self.rank}: FAILED {f}", flush=True)
         print(f"rank {self.rank}: {self.count} checks, {len(self.failures)} failures", flush=True)
         sys.exit(1 if self.failures else 0)
+
+
+def assert_all_ranks_passed(proc, n, min_checks):
+    """The test side: ``proc`` (a finished MPI run of a RankChecks worker on ``n``
+    ranks) printed a summary for every rank, no failure, at least ``min_checks``
+    checks each, and exited with 0."""
+    import re
+    out = proc.stdout + proc.stderr
+    summaries = {r: (int(c), int(f)) for r, c, f in re.findall(
+        r"^rank (\d+): (\d+) checks, (\d+) failures$", proc.stdout, re.M)}
+    assert sorted(summaries) == [str(r) for r in range(n)], f"rc {proc.returncode}:\n{out[-6000:]}"
+    failed = "\n".join(line for line in proc.stdout.splitlines() if "FAILED" in line)
+    assert all(f == 0 for _, f in summaries.values()) and proc.returncode == 0, \
+        failed[-6000:] + out[-3000:]
+    assert min(c for c, _ in summaries.values()) >= min_checks

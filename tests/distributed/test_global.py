@@ -18,6 +18,7 @@ import pyflow
 from pyflow.distributed import boxing, logical_shape, placement, randn_global
 from pyflow.distributed import sbp as S
 
+from ..rank_checks import assert_all_ranks_passed
 from .test_distributed import HERE, pyflow_run
 
 SBPS = [S.split(0), S.split(1), S.broadcast, S.partial_sum]
@@ -28,14 +29,7 @@ SBPS = [S.split(0), S.split(1), S.broadcast, S.partial_sum]
 @pytest.mark.parametrize("n", [2, 4])
 def test_every_boxing_against_single_rank(n):
     proc = pyflow_run(n, os.path.join(HERE, "global_worker.py"))
-    out = proc.stdout + proc.stderr
-    summaries = {r: (int(c), int(f)) for r, c, f in re.findall(
-        r"^rank (\d+): (\d+) checks, (\d+) failures$", proc.stdout, re.M)}
-    assert sorted(summaries) == [str(r) for r in range(n)], f"rc {proc.returncode}:\n{out[-6000:]}"
-    failed = "\n".join(line for line in proc.stdout.splitlines() if "FAILED" in line)
-    assert all(f == 0 for _, f in summaries.values()) and proc.returncode == 0, \
-        failed[-6000:] + out[-3000:]
-    assert min(c for c, _ in summaries.values()) >= 77
+    assert_all_ranks_passed(proc, n, 77)
 
 
 # ---------------------------------------------------------------- sbp and placement
@@ -178,11 +172,4 @@ def test_ops_on_global_tensors_against_single_rank(n):
     backward, the deduction's choices, a tensor-parallel MLP and data-parallel
     training with global parameters, against one rank."""
     proc = pyflow_run(n, os.path.join(HERE, "sbp_ops_worker.py"))
-    out = proc.stdout + proc.stderr
-    summaries = {r: (int(c), int(f)) for r, c, f in re.findall(
-        r"^rank (\d+): (\d+) checks, (\d+) failures$", proc.stdout, re.M)}
-    assert sorted(summaries) == [str(r) for r in range(n)], f"rc {proc.returncode}:\n{out[-6000:]}"
-    failed = "\n".join(line for line in proc.stdout.splitlines() if "FAILED" in line)
-    assert all(f == 0 for _, f in summaries.values()) and proc.returncode == 0, \
-        failed[-6000:] + out[-3000:]
-    assert min(c for c, _ in summaries.values()) >= 200
+    assert_all_ranks_passed(proc, n, 200)

@@ -19,6 +19,7 @@ import pyflow
 from pyflow.distributed import boxing, logical_shape, placement, randn_global
 from pyflow.distributed import sbp as S
 
+from ..rank_checks import assert_all_ranks_passed
 from .test_distributed import HERE, pyflow_run
 
 S0, S1, B, P = S.split(0), S.split(1), S.broadcast, S.partial_sum
@@ -27,14 +28,7 @@ S0, S1, B, P = S.split(0), S.split(1), S.broadcast, S.partial_sum
 @pytest.mark.cpu_only
 def test_every_2d_boxing_and_placement_change_on_4_ranks():
     proc = pyflow_run(4, os.path.join(HERE, "global2d_worker.py"))
-    out = proc.stdout + proc.stderr
-    summaries = {r: (int(c), int(f)) for r, c, f in re.findall(
-        r"^rank (\d+): (\d+) checks, (\d+) failures$", proc.stdout, re.M)}
-    assert sorted(summaries) == ["0", "1", "2", "3"], f"rc {proc.returncode}:\n{out[-6000:]}"
-    failed = "\n".join(line for line in proc.stdout.splitlines() if "FAILED" in line)
-    assert all(f == 0 for _, f in summaries.values()) and proc.returncode == 0, \
-        failed[-6000:] + out[-3000:]
-    assert min(c for c, _ in summaries.values()) >= 290      # 16 x 16 pairs and the rest
+    assert_all_ranks_passed(proc, 4, 290)      # 16 x 16 pairs and the rest
 
 
 # ---------------------------------------------------------------- placement objects
