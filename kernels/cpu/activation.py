@@ -1,6 +1,6 @@
 """float32 activation kernels that vectorize: the scalar definitions of
 ``kernels/scalar.py`` recompiled with ``math.exp``/``math.erf`` swapped for
-the vectorizable ``fast_exp``/``fast_erf`` (see ``fastmath.py``).
+the vectorizable ``fast_exp``/``fast_erf``/``fast_tanh`` (see ``fastmath.py``).
 
 The generic ufuncs of ``elementwise.py`` call libm's scalar ``erf``/``exp``
 and cannot vectorize (numba's ufunc builder also keeps Python's division
@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import scalar
-from .fastmath import fast_erf, fast_exp
+from .fastmath import fast_erf, fast_exp, fast_tanh
 
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 PARALLEL_MIN = 1 << 16     # below this, waking the thread pool costs more than it saves
@@ -23,6 +23,7 @@ PARALLEL_MIN = 1 << 16     # below this, waking the thread pool costs more than 
 _fast_math_module = types.ModuleType("pyflow_fast_math")
 _fast_math_module.__dict__.update(math.__dict__)
 _fast_math_module.exp, _fast_math_module.erf = fast_exp, fast_erf
+_fast_math_module.tanh = fast_tanh
 
 
 def _f32(v):
