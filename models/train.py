@@ -1,4 +1,5 @@
-"""The trainer: train a model of the zoo on one rank or data-parallel on many.
+"""The trainer: train a model of the zoo on one rank, or on many: data, tensor
+or hybrid (2-D) parallel.
 
     python -m pyflow.models.train --model gpt --preset tiny --steps 300 --out runs/tiny
     pyflow-run -n 2 models/train.py --model gpt --preset tiny --batch-size 32 --out runs/dp2
@@ -15,6 +16,14 @@ keeps its own 1/N slice, so N ranks take exactly the steps one rank would (the
 gradients are averaged by ``DistributedDataParallel``).  The LR schedule is a
 linear warm-up then a cosine decay to 1/10 (``LambdaLR``).  ``--graph`` runs the
 step as a ``pyflow.nn.Graph`` (forward, backward and update compiled once).
+
+Parallelism: ``--parallel dp`` in eager mode is ``DistributedDataParallel``;
+in graph mode, and for ``--parallel tp|hybrid``, the parameters become global
+tensors (``make_global``): replicated for data parallel with the batch split
+along dim 0; for tensor parallel GPT's MLP is split as Megatron does
+(``megatron_sbp``) and the batch replicated; ``hybrid`` puts the ranks on a
+(ranks / --tp-size) x --tp-size grid, data parallel along the first axis and
+tensor parallel along the second.  Every mode gives the one-rank losses.
 
 Checkpoints (``--ckpt-dir``, every ``--ckpt-every`` steps and at the end) hold
 the model, optimizer, scheduler, step, RNG states (the batch generator's state
@@ -123,8 +132,13 @@ def build_parser():
     mode.add_argument("--graph", dest="graph", action="store_true",
                       help="run the training step as a compiled pyflow.nn.Graph")
     mode.add_argument("--eager", dest="graph", action="store_false", help="(default)")
-    p.add_argument("--parallel", choices=("dp",), default="dp",
-                   help="dp: data parallel over the MPI ranks (one rank: plain training)")
+    p.add_argument("--parallel", choices=("dp", "tp", "hybrid"), default="dp",
+                   help="dp: data parallel over the MPI ranks (one rank: plain training); "
+                        "tp: tensor parallel (GPT: Megatron's MLP split) with global "
+                        "tensors; hybrid: a (ranks / --tp-size) x --tp-size grid, data "
+                        "parallel along the first axis, tensor parallel along the second")
+    p.add_argument("--tp-size", type=_int_at_least(1), default=2,
+                   help="ranks per tensor-parallel group of --parallel hybrid")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--data", default=None,
                    help="chars (pyflow's own text, GPT default), a text file path, synthetic, "
@@ -242,9 +256,12 @@ class Batches:
     on every rank: its state is the data position), of which each rank keeps its
     own slice."""
 
-    def __init__(self, data, args, rank, world_size, placement=None):
+    def __init__(self, data, args, rank, world_size, placement=None, layout=None):
         self.data, self.rank, self.world_size = data, rank, world_size
-        self.placement = placement      # global tensors: the slices are pieces of split(0)
+        self.placement = placement      # global tensors: the batch's SBP is layout.batch
+        self.layout = layout
+        if layout is not None:          # the slice of this rank's data-parallel group
+            self.rank, self.world_size = layout.dp_index, layout.dp_size
         self.batch, self.block = args.batch_size, args.block_size
         self.device = args.device
         self.generator = pyflow.Generator().manual_seed(args.seed)
@@ -259,8 +276,8 @@ class Batches:
             x, y = self._slice(x), self._slice(y)
         x, y = x.to(self.device), y.to(self.device)
         if self.placement is not None:
-            split = pyflow.sbp.split(0)
-            x, y = x.to_global(self.placement, split), y.to_global(self.placement, split)
+            sbp = self.layout.batch
+            x, y = x.to_global(self.placement, sbp), y.to_global(self.placement, sbp)
         return x, y
 
 
@@ -268,8 +285,68 @@ def _value(comm, loss):
     """A loss as a Python float, averaged over the ranks' slices (a global loss is
     already the whole batch's)."""
     if loss.is_global:
-        return loss.to_global(sbp=pyflow.sbp.broadcast).to_local().item()
+        return _whole(loss).item()
     return _mean_over_ranks(comm, loss.item())
+
+
+class Layout:
+    """How a run lays out its global tensors: the batch's SBP, each parameter's
+    (by name), and this rank's data-parallel slice."""
+
+    def __init__(self, batch, params, dp_index, dp_size):
+        self.batch, self.params = batch, params
+        self.dp_index, self.dp_size = dp_index, dp_size
+
+
+def megatron_sbp(name):
+    """Tensor parallel for GPT (Megatron's MLP): ``mlp.c_fc`` split by output
+    features, ``mlp.c_proj`` by input features, everything else replicated.  The
+    attention stays replicated: nanoGPT's fused ``c_attn`` splits into q, k, v
+    along the features, which a feature split of the weight would cut across."""
+    S, B = pyflow.sbp.split, pyflow.sbp.broadcast
+    if ".mlp.c_fc." in name:
+        return S(0)
+    if name.endswith(".mlp.c_proj.weight"):
+        return S(1)
+    return B
+
+
+def make_global(model, args, world_size):
+    """Make the parameters global for --parallel (and graph-mode data parallel):
+    returns (placement, Layout).  Collective over every rank."""
+    from pyflow.comm import world
+    B, S = pyflow.sbp.broadcast, pyflow.sbp.split
+    rank = world().rank
+    if args.parallel != "dp" and args.model != "gpt":
+        raise TrainError(f"--parallel {args.parallel} is defined for --model gpt (Megatron's "
+                         f"MLP split); use --parallel dp for --model {args.model}")
+    if args.parallel == "dp":
+        placement = pyflow.placement(args.device, list(range(world_size)))
+        sbp_of = {name: (B,) for name, _ in model.named_parameters()}
+        layout = Layout((S(0),), sbp_of, rank, world_size)
+    elif args.parallel == "tp":
+        placement = pyflow.placement(args.device, list(range(world_size)))
+        sbp_of = {name: (megatron_sbp(name),) for name, _ in model.named_parameters()}
+        layout = Layout((B,), sbp_of, 0, 1)
+    else:
+        tp = args.tp_size
+        if world_size % tp:
+            raise TrainError(f"--parallel hybrid: {world_size} ranks do not form a grid with "
+                             f"--tp-size {tp} ranks per row")
+        grid = [list(range(r, r + tp)) for r in range(0, world_size, tp)]
+        placement = pyflow.placement(args.device, grid)
+        sbp_of = {name: (B, megatron_sbp(name)) for name, _ in model.named_parameters()}
+        layout = Layout((S(0), B), sbp_of, rank // tp, world_size // tp)
+    if args.batch_size % layout.dp_size:
+        raise TrainError(f"--batch-size {args.batch_size} must be a multiple of the "
+                         f"data-parallel size ({layout.dp_size})")
+    whole = (B,) * placement.ndim
+    for name, p in list(model.named_parameters()):
+        g = p.detach().to_global(placement, whole).to_global(sbp=sbp_of[name])
+        p.data = g                      # the same Parameter object, now global
+    for name, b in list(model.named_buffers()):
+        b.data = b.to_global(placement, whole)
+    return placement, layout
 
 
 def _mean_over_ranks(comm, value):
@@ -339,12 +416,22 @@ def _local(state):
     if isinstance(state, list):
         return [_local(v) for v in state]
     if isinstance(state, pyflow.Tensor) and state.is_global:
-        return state.to_global(sbp=pyflow.sbp.broadcast).to_local()
+        return _whole(state)
     return state
 
 
-def save_checkpoint(path, model, optimizer, scheduler, step, batches, run_info):
-    pyflow.save({"model": _local(model.state_dict()), "optimizer": _local(optimizer.state_dict()),
+def _whole(t):
+    """A global tensor gathered into a local tensor on every rank (collective)."""
+    return t.to_global(sbp=(pyflow.sbp.broadcast,) * t.placement.ndim).to_local()
+
+
+def save_checkpoint(path, model, optimizer, scheduler, step, batches, run_info, write=True):
+    """Every rank calls it (gathering split global tensors is collective); the rank
+    with ``write`` writes the file."""
+    model_state, optimizer_state = _local(model.state_dict()), _local(optimizer.state_dict())
+    if not write:
+        return
+    pyflow.save({"model": model_state, "optimizer": optimizer_state,
                  "scheduler": scheduler.state_dict(), "step": step,
                  "rng": pyflow.get_rng_state(), "data_rng": batches.generator.get_state(),
                  "run": run_info}, path)
@@ -443,17 +530,13 @@ def run(args):
     pyflow.manual_seed(args.seed)
     model, model_config = build_model(args, data)
     model.to(args.device)
-    placement = None
-    if args.graph and world_size > 1:
-        # Graph-mode data parallel is OneFlow's: parameters replicated (broadcast),
-        # the batch split along dim 0; the gradients' all-reduce is the boxing of
-        # each parameter's partial-sum gradient back to broadcast.
-        placement = pyflow.placement(args.device, list(range(world_size)))
-        model.to_global(placement, pyflow.sbp.broadcast)
+    placement = layout = None
+    if world_size > 1 and (args.graph or args.parallel != "dp"):
+        placement, layout = make_global(model, args, world_size)
     optimizer = build_optimizer(args, model)
     scheduler = pyflow.optim.lr_scheduler.LambdaLR(optimizer,
                                                    WarmupCosine(args.warmup, args.steps))
-    batches = Batches(data, args, rank, world_size, placement)
+    batches = Batches(data, args, rank, world_size, placement, layout)
     run_info = _run_info(args, model_config, data)
     start = 0
     if args.resume:
@@ -516,8 +599,8 @@ def run(args):
                                  refresh=False)
             progress.update(1)
         if ckpt_path and (step == args.steps or (args.ckpt_every and step % args.ckpt_every == 0)):
-            if rank == 0:
-                save_checkpoint(ckpt_path, model, optimizer, scheduler, step, batches, run_info)
+            save_checkpoint(ckpt_path, model, optimizer, scheduler, step, batches, run_info,
+                            write=rank == 0)
             comm.barrier()
     if progress is not None:
         progress.close()

@@ -50,7 +50,7 @@ from . import boxing as _boxing
 from .placement import placement as Placement
 from .sbp import as_sbp_tuple, broadcast, partial_sum
 
-__all__ = ["to_global", "to_local", "randn_global", "logical_shape"]
+__all__ = ["to_global", "to_local", "randn_global", "logical_shape", "distribute_like"]
 
 _DESC_DIMS = 8               # shape dims compared exactly (the tail by its product)
 _DTYPE_CODES = {d.name: i for i, d in enumerate(_dt.ALL)}
@@ -432,3 +432,14 @@ for _name, _shown in (("numpy", "numpy"), ("tolist", "tolist"), ("item", "item")
                       ("__array__", "numpy")):
     tensor_method(_name)(_refuse(_shown, getattr(Tensor, _name)))
 del _name, _shown
+
+
+def distribute_like(t, like):
+    """``t``, a local tensor holding the whole logical tensor (the same on every
+    rank, e.g. read from a checkpoint), as a global tensor with ``like``'s
+    placement and SBP: each rank keeps its piece.  Collective over the placement."""
+    if tuple(t.shape) != tuple(like.shape):
+        raise ValueError(f"distribute_like: the tensor has shape {tuple(t.shape)}, expected the "
+                         f"logical shape {tuple(like.shape)} of the global tensor")
+    whole = t.to_global(like._placement, (broadcast,) * like._placement.ndim, check=False)
+    return whole.to_global(sbp=like._sbp)

@@ -457,6 +457,10 @@ class Module:
                 continue
             try:
                 with no_grad():
+                    if param._placement is not None and value._placement is None:
+                        # a whole (local) tensor into a global parameter: its layout
+                        from ..distributed.global_tensor import distribute_like
+                        value = distribute_like(value, param)
                     param.copy_(value)
             except Exception as e:  # noqa: BLE001 (reported with the key, like PyTorch)
                 error_msgs.append(f'While copying the parameter named "{key}", whose dimensions '

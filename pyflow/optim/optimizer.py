@@ -208,6 +208,11 @@ class Optimizer:
         if isinstance(value, Tensor):
             if key == "step" or not value.dtype.is_floating_point:
                 return value.to(copy=True)
+            if key in cls._PARAM_SHAPED_STATE and param._placement is not None \
+                    and value._placement is None:
+                # a whole (local) state tensor for a global parameter: its layout
+                from ..distributed.global_tensor import distribute_like
+                value = distribute_like(value, param)
             out = value.to(_state_dtype(param), copy=True)
             if not out._data.flags.c_contiguous:
                 out._data = array_module(out._data).ascontiguousarray(out._data)

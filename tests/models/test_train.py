@@ -276,6 +276,37 @@ def test_sigkill_then_resume(tmp_path, text_file):
         assert resumed["losses"][s] == full["losses"][s], s
 
 
+@pytest.mark.cpu_only
+def test_tensor_and_hybrid_parallel_equal_one_rank_and_resume(tmp_path, text_file):
+    """--parallel tp (Megatron's MLP split, eager, 2 ranks) and --parallel hybrid
+    (a 2x2 grid, graph mode, 4 ranks, killed after step 2 and resumed) give the
+    one-rank losses."""
+    args = ["--data", text_file, "--steps", "4", "--warmup", "1", "--eval-every", "0",
+            "--eval-iters", "2", "--block-size", "16", "--batch-size", "8", "--no-progress"]
+    single = run(*args)
+    tp = pyflow_run(2, TRAIN_PY, *args, "--parallel", "tp", "--out", str(tmp_path / "tp"))
+    assert tp.returncode == 0, tp.stdout + tp.stderr
+    ck = ["--graph", "--parallel", "hybrid", "--out", str(tmp_path / "hy"),
+          "--ckpt-dir", str(tmp_path / "hy" / "ck"), "--ckpt-every", "2"]
+    first = pyflow_run(4, TRAIN_PY, *args, *ck, "--stop-after", "2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    resumed = pyflow_run(4, TRAIN_PY, *args, *ck, "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    for out in ("tp", "hy"):
+        rows = read_log(tmp_path / out)
+        assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
+        for row in rows:
+            assert float(row["loss"]) == pytest.approx(single["losses"][int(row["step"])],
+                                                       abs=2e-6), out
+
+
+def test_tensor_parallel_is_for_gpt():
+    args = train.parse_args(["--model", "mlp", "--parallel", "tp"])
+    model, _ = train.build_model(args, None)
+    with pytest.raises(train.TrainError, match="--parallel tp is defined for --model gpt"):
+        train.make_global(model, args, 2)
+
+
 def test_loss_plot_is_written(tmp_path):
     """The end-of-run plot (matplotlib, the ``plot`` extra that ``make`` installs)."""
     pytest.importorskip("matplotlib")
