@@ -253,10 +253,9 @@ def backward_global(g, grads):
     if f is not None:
         local_grads = [None if x is None else _times(x, f) for x in local_grads]
     n_args = g.n_args
-    needs = [False] * n_args
-    for p, need in zip(g.positions, g.needs_input_grad or (True,) * len(g.positions)):
-        needs[p] = need
-    g.inner.needs_input_grad = tuple(needs)
+    # needs_input_grad is per argument of the op (autograd's and the graph's alike)
+    needs = tuple(g.needs_input_grad) if g.needs_input_grad is not None else (True,) * n_args
+    g.inner.needs_input_grad = (needs + (False,) * n_args)[:n_args]
     res = g.fn.backward(g.inner, *local_grads)
     res = res if isinstance(res, tuple) else (res,)
     out = [None] * n_args

@@ -6,6 +6,8 @@ Backward rules are written with these same ops, so they can be differentiated
 again; activations use one fused backward kernel when no graph is being
 recorded for the backward itself (the usual ``loss.backward()``).
 """
+import math
+
 import numpy as np
 
 from .. import _tracing
@@ -194,7 +196,10 @@ class Pow(Function):
             b_minus_1 = sub(b, 1) if isinstance(b, Tensor) else b - 1
             ga = _grad_for(mul(mul(g, b), pow(a, b_minus_1)), a)
         if _needs(ctx, 1):
-            safe_log = where(eq(a, 0), 0.0, log(where(eq(a, 0), 1.0, a)))
+            if isinstance(a, Tensor):
+                safe_log = where(eq(a, 0), 0.0, log(where(eq(a, 0), 1.0, a)))
+            else:       # a number base (2.0 ** t): its log, 0 for 0 as above
+                safe_log = 0.0 if a == 0 else (math.log(a) if a > 0 else float("nan"))
             gb = _grad_for(mul(mul(g, out), safe_log), b)
         return ga, gb
 

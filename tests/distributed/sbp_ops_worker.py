@@ -97,6 +97,8 @@ def ops():
     run_case("mul", lambda a, b: a * b, [(n, 2 * n), (n, 2 * n)])
     run_case("div", lambda a, b: a / (b * b + 1.0), [(n, n), (n, n)])
     run_case("sub scalar", lambda a: (a - 2.0) * 3.0, [(n, 2 * n)])
+    run_case("number first", lambda a, b: (2.0 - a) * b + pyflow.pow(2.0, b),
+             [(n, 2 * n), (n, 2 * n)])
     run_case("unary chain", lambda a: F.gelu(pyflow.tanh(a) * a.exp()).relu(), [(n, 2 * n)])
     run_case("matmul", lambda a, b: a @ b, [(2 * n, n), (n, 2 * n)])
     run_case("batched matmul", lambda a, b: a @ b, [(n, 2, n), (n, n, 2)])

@@ -214,3 +214,12 @@ def test_float32_fast_activation_loops(name, size):
     t64 = pf.tensor(x.astype(np.float64), requires_grad=True)
     pf_fn(t64).backward(pf.ones(size, dtype=pf.float64))
     np.testing.assert_allclose(t.grad.cpu().numpy(), t64.grad.cpu().numpy(), rtol=2e-5, atol=2e-6)
+
+
+def test_pow_with_a_number_base_differentiates_the_exponent():
+    """2.0 ** t and pow(2.0, t): d/dt = 2**t * ln 2 (the base is a Python number)."""
+    t = pf.tensor([0.5, 1.5, -1.0], dtype=pf.float64, requires_grad=True)
+    (pf.pow(2.0, t) + 3.0 ** t).sum().backward()
+    x = np.array([0.5, 1.5, -1.0])
+    np.testing.assert_allclose(t.grad.cpu().numpy(), 2.0 ** x * np.log(2.0) + 3.0 ** x * np.log(3.0),
+                               rtol=1e-12)
