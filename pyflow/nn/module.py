@@ -360,9 +360,12 @@ class Module:
                 raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got "
                                 f"desired dtype={dtype}")
         if device is not None:
-            check_available(as_device(device))
+            device = as_device(device)
+            check_available(device)
 
         def convert(t):
+            if device is not None and t.device != device:
+                t = t.to(device)
             return t.to(dtype) if dtype is not None and t.is_floating_point() else t
         return self._apply(convert)
 
@@ -399,11 +402,10 @@ class Module:
         return self._apply(lambda t: t.to(dst_type))
 
     def cpu(self):
-        return self
+        return self.to("cpu")
 
     def cuda(self, device=None):
-        check_available(as_device("cuda" if device is None else device))
-        return self
+        return self.to("cuda" if device is None else device)
 
     # ------------------------------------------------------------ state dict
     def _save_to_state_dict(self, destination, prefix, keep_vars):

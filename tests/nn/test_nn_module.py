@@ -378,3 +378,4 @@ def test_custom_module_training_step_matches_torch():
     tparams = dict(ref.named_parameters())
     for name, p in net.named_parameters():
         assert_close(p.grad, tparams[name].grad.cpu().numpy(), rtol=1e-10, msg=name)
+
