@@ -168,7 +168,7 @@ def matmul_rule(args):
 
 
 def linear_rule(args):
-    x, w, bias = args[0], args[1], args[2]
+    x, bias = args[0], args[2]
     nx = x.ndim
     has_b = bias is not None
     ext = (lambda *s: s) if has_b else (lambda *s: s[:2])
@@ -229,7 +229,7 @@ def _register_rows():
         _rows_rule(lambda a: tuple(range(a[0].ndim - len(a[3]), a[0].ndim))))
 
     def loss_rule(args):    # target (N, ...) follows the logits' split; class weights B
-        x, target = args[0], args[1]
+        x = args[0]
         c = []
         for d in range(x.ndim):
             if d == 1 and x.ndim > 1 or x.ndim == 1:
@@ -243,7 +243,7 @@ def _register_rows():
 
 
 def embedding_rule(args):
-    weight, idx = args[0], args[1]
+    idx = args[1]               # Embedding.apply(weight, indices, ...)
     c = [Candidate((B, S(d)), (S(d),)) for d in range(idx.ndim)]       # split indices
     c.append(Candidate((S(1), B), (S(idx.ndim),)))                       # split columns
     c.append(Candidate((B, B), (B,)))

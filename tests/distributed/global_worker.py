@@ -19,7 +19,6 @@ from tests.rank_checks import RankChecks, raises  # noqa: E402
 import numpy as np  # noqa: E402
 
 import pyflow  # noqa: E402
-import pyflow.comm as comm  # noqa: E402
 from pyflow.distributed import env, logical_shape, placement, randn_global  # noqa: E402
 from pyflow.distributed import sbp as S  # noqa: E402
 
