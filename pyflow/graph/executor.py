@@ -108,6 +108,8 @@ class Step:
                 p.grad = p.grad + g
             else:
                 p.grad = g.clone() if g._data.base is not None else g
+            if sync is not None and sync.covers(p) and not self.skip_update:
+                sync.arrived(p)             # the last micro-batch: its bucket may go
             return ()
         if kind == "update":
             if self.skip_update:
@@ -268,27 +270,47 @@ def make_steps(graph):
 
 
 class GradSync:
-    """Data parallel's gradient all-reduce in a graph, bucketed.
+    """Data parallel's gradient all-reduce in a graph, bucketed and overlapped.
 
     A replicated (broadcast) global parameter gets a partial-sum gradient from
     backward (dispatch.py's dual rule); boxing each one to broadcast would be one
-    all_reduce per parameter.  Instead ``set_grad`` keeps the partial sums in
-    ``.grad`` and the first ``update`` step (which lowering runs after every
-    ``set_grad``) reduces them all with ``pyflow.comm.GradBucketer``: one
-    all_reduce per bucket of 25 MB, as ``DistributedDataParallel`` does.  A
-    graph without an optimizer flushes at the end of the run (``Plan.run``).
-    Only parameters broadcast on a 1-D placement are bucketed; the others are
-    boxed one by one."""
+    blocking all_reduce per parameter.  Instead ``set_grad`` keeps the partial
+    sums in ``.grad`` and, as soon as every parameter of a bucket
+    (``pyflow.comm.GradBucketer``, 25 MB) has its gradient, posts that bucket's
+    non-blocking all_reduce, so it travels while backward computes the earlier
+    layers' gradients; the first ``update`` step (which lowering runs after
+    every ``set_grad``) waits for them all.  That is DistributedDataParallel's
+    scheme, inside the graph.  Buckets are posted in index order (a bucket that
+    completes early waits for its predecessors): MPI needs every rank to post
+    the same collectives in the same order, and the steps of a global graph run
+    in program order on every rank.  Why no separate comm-stream thread: MPI's
+    non-blocking collectives already proceed without one, and a second thread
+    calling MPI would need MPI_THREAD_MULTIPLE and a cross-rank order for its
+    calls.  A graph without an optimizer flushes at the end of the run
+    (``Plan.run``).  Only parameters broadcast on a 1-D placement are bucketed;
+    the others are boxed one by one."""
+
+    bucket_bytes = 25 * 2 ** 20      # as DistributedDataParallel's bucket_cap_mb=25
 
     def __init__(self, params):
         from ..comm import GradBucketer
         by_placement = {}
         for p in params:
             by_placement.setdefault(p._placement, []).append(p)
-        self.bucketers = [GradBucketer(ps, comm=plc.comm, average=False)
+        self.bucketers = [GradBucketer(ps, bucket_bytes=self.bucket_bytes, comm=plc.comm,
+                                       average=False)
                           for plc, ps in by_placement.items()]
-        self.ids = {id(p) for p in params}
+        self.where = {}                 # id(param) -> (bucketer index, bucket index)
+        for k, b in enumerate(self.bucketers):
+            for i, bucket in enumerate(b.buckets):
+                for p in bucket.params:
+                    self.where[id(p)] = (k, i)
+        self._reset()
+
+    def _reset(self):
         self.pending = False
+        self.ready = [[0] * len(b.buckets) for b in self.bucketers]
+        self.posted = [0] * len(self.bucketers)      # buckets posted, in index order
 
     @classmethod
     def of(cls, steps):
@@ -299,7 +321,7 @@ class GradSync:
         return cls(params) if params else None
 
     def covers(self, p):
-        return id(p) in self.ids
+        return id(p) in self.where
 
     def as_partial(self, g, p):
         """``p``'s gradient ``g`` as a partial sum: a local gradient is the piece of
@@ -312,18 +334,35 @@ class GradSync:
                          (partial_sum,), p.shape)
         return g if g._sbp == (partial_sum,) else g.to_global(sbp=partial_sum)
 
+    def arrived(self, p):
+        """``p.grad`` is final for this run: post every complete bucket in order."""
+        k, i = self.where[id(p)]
+        self.ready[k][i] += 1
+        self._post(k, complete_only=True)
+
+    def _post(self, k, complete_only):
+        bucketer, ready = self.bucketers[k], self.ready[k]
+        while self.posted[k] < len(bucketer.buckets):
+            i = self.posted[k]
+            if complete_only and ready[i] < len(bucketer.buckets[i].params):
+                return
+            bucketer.start_bucket(i)
+            self.posted[k] += 1
+
     def flush(self):
-        """Sum every bucketed gradient over the ranks; ``.grad`` becomes broadcast."""
+        """Wait for every bucket (posting the incomplete ones: a parameter without
+        a gradient this run contributes zeros); ``.grad`` becomes broadcast."""
         if not self.pending:
             return
-        self.pending = False
-        for bucketer in self.bucketers:
-            bucketer.reduce()
-            for bucket in bucketer.buckets:
+        for k, bucketer in enumerate(self.bucketers):
+            self._post(k, complete_only=False)
+            for i, bucket in enumerate(bucketer.buckets):
+                bucketer.finish_bucket(i)
                 for p in bucket.params:
                     g = p.grad
                     g._placement, g._sbp, g._logical_shape = \
                         p._placement, p._sbp, p._logical_shape
+        self._reset()
 
 
 def run_sequential(graph, steps, inputs, release):

@@ -298,7 +298,52 @@ def hybrid_2d(executor):
                                    rtol=1e-9, err_msg=name)
 
 
+def graph_buckets_and_accumulation():
+    """Data parallel in a graph with gradient buckets of 64 bytes (several buckets,
+    posted as backward reaches them) and 2 accumulation steps: equal to one rank."""
+    from pyflow.graph.executor import GradSync
+    X, Y = reference((4 * SIZE, 3), 1), reference((4 * SIZE, 2), 2)
+    pyflow.manual_seed(0)
+    ref_model = pyflow.nn.Sequential(pyflow.nn.Linear(3, 8), pyflow.nn.Tanh(),
+                                      pyflow.nn.Linear(8, 2)).double()
+    model = pyflow.nn.Sequential(pyflow.nn.Linear(3, 8), pyflow.nn.Tanh(),
+                                 pyflow.nn.Linear(8, 2)).double()
+    model.load_state_dict(ref_model.state_dict())
+    model.to_global(PLC, S.broadcast)
+    opts = [pyflow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ref_model, model)]
+
+    class Train(pyflow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(opts[1])
+            self.config.set_gradient_accumulation_steps(2)
+
+        def build(self, x, y):
+            loss = F.mse_loss(self.model(x), y)
+            loss.backward()
+            return loss
+    saved, GradSync.bucket_bytes = GradSync.bucket_bytes, 64
+    try:
+        graph = Train()
+        x = pyflow.tensor(piece(X, S.split(0))).to_global(PLC, S.split(0))
+        y = pyflow.tensor(piece(Y, S.split(0))).to_global(PLC, S.split(0))
+        for _ in range(3):
+            opts[0].zero_grad()
+            F.mse_loss(ref_model(pyflow.tensor(X)), pyflow.tensor(Y)).backward()
+            opts[0].step()
+            graph(x, y)
+        sync = graph.plans[0].grad_sync
+        assert len(sync.bucketers[0].buckets) > 1, sync.bucketers[0]
+    finally:
+        GradSync.bucket_bytes = saved
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        np.testing.assert_allclose(p.to_local().detach().numpy(), q.detach().numpy(),
+                                   rtol=1e-10, err_msg=name)
+
+
 ops()
+check("graph data parallel: several buckets, accumulation", graph_buckets_and_accumulation)
 if SIZE == 4:
     check("2-D data x tensor parallel (eager)", hybrid_2d, None)
     check("2-D data x tensor parallel (graph)", hybrid_2d, "sequential")
