@@ -226,6 +226,7 @@ class Tracer:
         elif loss.numel() != 1:
             raise TracingError("grad can be implicitly created only for scalar outputs")
         self.backward = (self.value_of(loss), grad)
+        self.loss_placement = loss._placement       # a global loss seeds a global grad
 
 
 def _refuse(what):
@@ -370,6 +371,7 @@ def trace(build, inputs, state_names=None):
     graph = Graph(tracer.nodes, graph_inputs, outputs, tracer.state, tracer.backward)
     # Over global tensors the steps run collectives (boxing), which every rank must
     # post in the same order: lowering chains the steps in program order.
+    graph.loss_placement = getattr(tracer, "loss_placement", None)
     graph.is_global = any(isinstance(x, Tensor) and x._placement is not None for x in inputs) \
         or any(v.tensor._placement is not None for v in tracer.state)
     graph.history.append(("trace", f"{len(tracer.nodes)} nodes from build()"))

@@ -30,8 +30,17 @@ def _grad_value(like, node, name):
     return Value(like.shape, like.dtype, like.device, "node", name=name, producer=node)
 
 
-def _scaled_ones(shape, dtype, device, scale):
-    return ops.full(shape, scale, dtype=dtype, device=device)
+def _scaled_ones(shape, dtype, device, scale, placement=None):
+    """The backward's seed.  For a global loss, the logical ``scale`` everywhere:
+    replicated (broadcast) on ``placement``; the loss's backward boxes it to the
+    layout it needs (a local seed would be read as each rank's piece of a
+    partial sum, n times the gradient for a replicated loss)."""
+    seed = ops.full(shape, scale, dtype=dtype, device=device)
+    if placement is not None:
+        from ...distributed.dispatch import label
+        from ...distributed.sbp import broadcast
+        seed = label(seed, placement, (broadcast,) * placement.ndim, shape)
+    return seed
 
 
 def differentiable(node):
@@ -66,8 +75,10 @@ def autograd(graph, loss_scale=1.0):
                            "parameter that requires grad")
     new_nodes = []
     if seed is None:
-        node = Node("fn", _scaled_ones, (loss.shape, loss.dtype, loss.device, loss_scale), {},
-                    [], {"random": False}, name="grad_seed")
+        placement = getattr(graph, "loss_placement", None)
+        node = Node("fn", _scaled_ones, (loss.shape, loss.dtype, loss.device, loss_scale,
+                                         placement), {}, [], {"random": False},
+                    name="grad_seed")
         node.outputs.append(_grad_value(loss, node, "grad_" + (loss.name or str(loss.id))))
         new_nodes.append(node)
         seed = node.outputs[0]
