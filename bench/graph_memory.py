@@ -21,33 +21,10 @@ import tracemalloc
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
 
 import pyflow as pf  # noqa: E402
 from bench.common import machine, table  # noqa: E402
-from bench.graph_step import CASES  # noqa: E402
-from bench.models_both import gpt_mini, mlp  # noqa: E402
-
-
-def setup(case):
-    pf.manual_seed(0)
-    rng = np.random.default_rng(0)
-    F = pf.nn.functional
-    if case == "mlp":
-        model = mlp(pf.nn)
-        x = pf.tensor(rng.standard_normal((128, 1, 28, 28)).astype(np.float32))
-        y = pf.tensor(rng.integers(0, 10, 128))
-
-        def loss_of(model, x, y):
-            return F.cross_entropy(model(x), y)
-    else:
-        model = gpt_mini(pf.nn)
-        x = pf.tensor(rng.integers(0, 512, (16, 128)))
-        y = pf.tensor(rng.integers(0, 512, (16, 128)))
-
-        def loss_of(model, x, y):
-            return F.cross_entropy(model(x).reshape(-1, 512), y.reshape(-1))
-    return model, x, y, loss_of
+from bench.graph_step import CASES, setup  # noqa: E402
 
 
 def step_peak(step):
@@ -109,7 +86,7 @@ if __name__ == "__main__":
     rows = []
     for case in args.case:
         for in_place in (True, False):
-            e, g, p = measure(*setup(case), executor=args.executor, in_place=in_place)
+            e, g, p = measure(*setup(pf, case), executor=args.executor, in_place=in_place)
             rows.append([CASES[case][0] + ("" if in_place else ", in_place off"), mib(p), mib(g),
                          mib(e), f"{p / e:.3f}", f"{g / e:.3f}"])
     print(table(rows, ["training step (AdamW)", "planned MiB", f"graph ({args.executor}) MiB",

@@ -25,12 +25,9 @@ CASES = {"mlp": ("MLP 784-1024-1024-10, batch 128", 128),
 MODES = ("graph", "eager", "torch")
 
 
-def worker(mode, case, steps, warmup, executor, fuse_update=False):
-    sys.path.insert(0, ROOT)
-    if mode == "torch":
-        import torch as lib
-    else:
-        import pyflow as lib
+def setup(lib, case):
+    """(model, x, y, loss_of) of ``case`` built with ``lib`` (pyflow or torch),
+    seeded alike: the same model code and data for every mode."""
     import numpy as np
     from bench.models_both import gpt_mini, mlp
     lib.manual_seed(0)
@@ -50,6 +47,16 @@ def worker(mode, case, steps, warmup, executor, fuse_update=False):
 
         def loss_of(model, x, y):
             return F.cross_entropy(model(x).reshape(-1, 512), y.reshape(-1))
+    return model, x, y, loss_of
+
+
+def worker(mode, case, steps, warmup, executor, fuse_update=False):
+    sys.path.insert(0, ROOT)
+    if mode == "torch":
+        import torch as lib
+    else:
+        import pyflow as lib
+    model, x, y, loss_of = setup(lib, case)
     opt = lib.optim.AdamW(model.parameters(), lr=1e-4)
     if mode == "graph":
         class TrainGraph(lib.nn.Graph):

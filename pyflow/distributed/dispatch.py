@@ -31,31 +31,12 @@ from pyflow.autograd import Context, Function
 from pyflow.tensor import Tensor
 
 from . import boxing as _boxing
-from .sbp import broadcast, partial_sum
+from .global_tensor import dual, label, local_alias
+from .sbp import broadcast
 from .signatures import elementwise_rule, register_rule, rule_for
 
 __all__ = ["apply_global", "forward_global", "backward_global", "GlobalContext", "dual",
            "label", "GlobalElementwise"]
-
-
-def dual(sbp):
-    """The SBP of the gradient of a tensor with SBP ``sbp`` (S -> S, B -> P, P -> B)."""
-    if sbp == broadcast:
-        return partial_sum
-    if sbp == partial_sum:
-        return broadcast
-    return sbp
-
-
-def label(t, placement, sbp, logical_shape):
-    """Mark ``t`` (a local Tensor object holding this rank's piece) as global."""
-    t._placement, t._sbp, t._logical_shape = placement, tuple(sbp), tuple(logical_shape)
-    return t
-
-
-def local_alias(t):
-    """A plain local tensor over ``t``'s piece (a view: same storage and version)."""
-    return Tensor._make(t._data, t.dtype, t.device, base=t)
 
 
 def _axis_sizes(placement):

@@ -55,13 +55,24 @@ __all__ = ["to_global", "to_local", "randn_global", "logical_shape", "distribute
 _DESC_DIMS = 8               # shape dims compared exactly (the tail by its product)
 _DTYPE_CODES = {d.name: i for i, d in enumerate(_dt.ALL)}
 
-def _mark(t, placement, sbp, shape):
-    t._placement, t._sbp, t._logical_shape = placement, sbp, tuple(shape)
+def label(t, placement, sbp, logical_shape):
+    """Mark ``t`` (a local Tensor object holding this rank's piece) as global."""
+    t._placement, t._sbp, t._logical_shape = placement, tuple(sbp), tuple(logical_shape)
     return t
 
 
-def _alias(x):
-    return Tensor._make(x._data, x.dtype, x.device, base=x)
+def local_alias(t):
+    """A plain local tensor over ``t``'s piece (a view: same storage and version)."""
+    return Tensor._make(t._data, t.dtype, t.device, base=t)
+
+
+def dual(sbp):
+    """The SBP of the gradient of a tensor with SBP ``sbp`` (S -> S, B -> P, P -> B)."""
+    if sbp == broadcast:
+        return partial_sum
+    if sbp == partial_sum:
+        return broadcast
+    return sbp
 
 
 # ---------------------------------------------------------------- autograd wrappers
@@ -77,7 +88,7 @@ class _LocalToGlobal(Function):
     @staticmethod
     def forward(ctx, x, sbp):
         ctx.sbp = sbp
-        return _alias(x)
+        return local_alias(x)
 
     @staticmethod
     def backward(ctx, grad):
@@ -85,7 +96,7 @@ class _LocalToGlobal(Function):
             want = tuple(broadcast if s == partial_sum else s for s in ctx.sbp)
             if grad._sbp != want:
                 grad = grad.to_global(sbp=want)
-            grad = _alias(grad)
+            grad = local_alias(grad)
         return grad, None
 
 
@@ -98,13 +109,12 @@ class _ToLocal(Function):
     @staticmethod
     def forward(ctx, x):
         ctx.meta = (x._placement, x._sbp, x._logical_shape)
-        return _alias(x)
+        return local_alias(x)
 
     @staticmethod
     def backward(ctx, grad):
-        from .dispatch import dual
         placement, sbp, shape = ctx.meta
-        return _mark(Tensor._make(grad._data, grad.dtype, grad.device), placement,
+        return label(Tensor._make(grad._data, grad.dtype, grad.device), placement,
                      tuple(dual(s) for s in sbp), shape)
 
 
@@ -118,15 +128,14 @@ class _Boxing(Function):
     @staticmethod
     def forward(ctx, x, placement, src, dst):
         ctx.meta = (placement, dst, x._logical_shape)
-        return _mark(_boxing.box(_alias(x), placement, src, dst), placement, dst,
+        return label(_boxing.box(local_alias(x), placement, src, dst), placement, dst,
                      x._logical_shape)
 
     @staticmethod
     def backward(ctx, grad):
         if grad._placement is None:      # a local gradient: the piece of the dual layout
-            from .dispatch import dual
             placement, dst, shape = ctx.meta
-            grad = _mark(Tensor._make(grad._data, grad.dtype, grad.device), placement,
+            grad = label(Tensor._make(grad._data, grad.dtype, grad.device), placement,
                          tuple(dual(s) for s in dst), shape)
         return grad, None, None, None
 
@@ -287,23 +296,22 @@ class _PlacementChange(Function):
 
     @staticmethod
     def forward(ctx, x, src, src_sbp, dst, dst_sbp, shape, dtype):
-        out = _move(_alias(x), src, src_sbp, dst, dst_sbp, shape, dtype)
+        out = _move(local_alias(x), src, src_sbp, dst, dst_sbp, shape, dtype)
         ctx.meta = (src, src_sbp, dst, dst_sbp, shape, dtype)
         if out is None:
-            return _mark(_empty(x), dst, dst_sbp, ())
-        return _mark(out, dst, dst_sbp, shape)
+            return label(_empty(x), dst, dst_sbp, ())
+        return label(out, dst, dst_sbp, shape)
 
     @staticmethod
     def backward(ctx, grad):
-        from .dispatch import dual
         src, src_sbp, dst, dst_sbp, shape, dtype = ctx.meta
         g_sbp = grad._sbp if grad._placement is not None else tuple(dual(s) for s in dst_sbp)
         want = tuple(dual(s) for s in src_sbp)
-        g = _move(_alias(grad), dst, g_sbp, src, want, shape, grad.dtype)
+        g = _move(local_alias(grad), dst, g_sbp, src, want, shape, grad.dtype)
         nones = (None,) * 6
         if g is None:
-            return (_mark(_empty(grad), src, want, ()),) + nones
-        return (_mark(g, src, want, shape),) + nones
+            return (label(_empty(grad), src, want, ()),) + nones
+        return (label(g, src, want, shape),) + nones
 
 
 # ---------------------------------------------------------------- the API
@@ -325,16 +333,16 @@ def to_global(self, placement=None, sbp=None, *, check=True):
         comm = placement.comm
         x = self if self.device.type == placement.type else self.to(placement.type)
         if comm is None:
-            return _mark(_empty(x), placement, sbp, ())
+            return label(_empty(x), placement, sbp, ())
         shape = _boxing.logical_shape_of(x.shape, placement, sbp, "to_global")
         _check_pieces(x, comm, sbp, check, placement)
-        return _mark(_LocalToGlobal.apply(x, sbp), placement, sbp, shape)
+        return label(_LocalToGlobal.apply(x, sbp), placement, sbp, shape)
     if placement is None or placement == self._placement:
         placement = self._placement
         sbp = self._sbp if sbp is None else as_sbp_tuple(sbp, placement.ndim)
         comm = placement.comm
         if comm is None:
-            return _mark(_empty(self), placement, sbp, ())
+            return label(_empty(self), placement, sbp, ())
         _boxing.local_shape(self._logical_shape, placement, sbp, fn="to_global")
         return _Boxing.apply(self, placement, self._sbp, sbp)
     if placement.type != self._placement.type:
@@ -355,7 +363,7 @@ def to_global(self, placement=None, sbp=None, *, check=True):
     if needs_grad and not self.requires_grad and is_grad_enabled():
         # A destination rank outside the source: record the node here too, so the
         # backward (collective) runs on every rank that the forward involved.
-        x = _mark(_empty(self).requires_grad_(), self._placement, self._sbp, ())
+        x = label(_empty(self).requires_grad_(), self._placement, self._sbp, ())
     return _PlacementChange.apply(x, self._placement, self._sbp, placement, sbp, shape, dtype)
 
 
@@ -410,7 +418,7 @@ def randn_global(*size, placement, sbp, generator=None, dtype=None, requires_gra
         piece = full if all(s == broadcast for s in sbp) else \
             _boxing.slice_piece(full, placement, sbp, placement.coords())
     piece.requires_grad_(requires_grad)
-    return _mark(piece, placement, sbp, () if comm is None else full.shape)
+    return label(piece, placement, sbp, () if comm is None else full.shape)
 
 
 # ---------------------------------------------------------------- no implicit gathers

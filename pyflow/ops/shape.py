@@ -115,16 +115,18 @@ class View(Function):
 def view(input, *shape):
     if len(shape) == 1 and type(shape[0]) is _dt.dtype:
         raise TypeError("view(dtype) reinterpretation is not supported; use .to(dtype)")
-    shape = _infer_shape(shape_arg(shape, "view"), input.numel(), "view")
-    if shape == input.shape:
-        return View.apply(input, shape) if input.requires_grad or input._placement is not None else input._view_of(input._data)
+    if input._placement is not None:        # global: logical shapes, the dispatch localizes
+        return View.apply(input, _infer_shape(shape_arg(shape, "view"), input.numel(), "view"))
+    shape = _infer_shape(shape_arg(shape, "view"), input._data.size, "view")
+    if shape == input._data.shape:
+        return View.apply(input, shape) if input.requires_grad else input._view_of(input._data)
     return View.apply(input, shape)
 
 
 @tensor_method()
 def reshape(input, *shape):
     shape = _infer_shape(shape_arg(shape, "reshape"), input.numel(), "reshape")
-    try:
+    try:        # (global: the piece rarely has the logical shape's size, so it is copied)
         _reshape_view(input._data, shape)
         return View.apply(input, shape)
     except ValueError:

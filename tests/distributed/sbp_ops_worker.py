@@ -192,16 +192,23 @@ def global_parameters_train():
                                rtol=1e-10)
 
 
+def twin_mlps(hidden, activation):
+    """Two equal float64 MLPs 3 -> hidden -> 2: the one-rank reference and the one
+    to make global."""
+    ref = pyflow.nn.Sequential(pyflow.nn.Linear(3, hidden), activation(),
+                               pyflow.nn.Linear(hidden, 2)).double()
+    model = pyflow.nn.Sequential(pyflow.nn.Linear(3, hidden), activation(),
+                                 pyflow.nn.Linear(hidden, 2)).double()
+    model.load_state_dict(ref.state_dict())
+    return ref, model
+
+
 def graph_training(executor):
     """The same data-parallel step as a static graph (nn.Graph), and a
     tensor-parallel MLP in it: equal to single-rank eager training."""
     X, Y = reference((4 * SIZE, 3), 1), reference((4 * SIZE, 2), 2)
     pyflow.manual_seed(0)
-    ref_model = pyflow.nn.Sequential(pyflow.nn.Linear(3, 4 * SIZE), pyflow.nn.GELU(),
-                                      pyflow.nn.Linear(4 * SIZE, 2)).double()
-    model = pyflow.nn.Sequential(pyflow.nn.Linear(3, 4 * SIZE), pyflow.nn.GELU(),
-                                 pyflow.nn.Linear(4 * SIZE, 2)).double()
-    model.load_state_dict(ref_model.state_dict())
+    ref_model, model = twin_mlps(4 * SIZE, pyflow.nn.GELU)
     layout = {"0.weight": S.split(0), "0.bias": S.split(0), "2.weight": S.split(1),
               "2.bias": S.broadcast}          # Megatron's MLP
     for name, p in list(model.named_parameters()):
@@ -249,11 +256,7 @@ def hybrid_2d(executor):
     B2 = (S.broadcast, S.broadcast)
     X, Y = reference((8, 3), 1), reference((8, 2), 2)
     pyflow.manual_seed(0)
-    ref_model = pyflow.nn.Sequential(pyflow.nn.Linear(3, 8), pyflow.nn.GELU(),
-                                      pyflow.nn.Linear(8, 2)).double()
-    model = pyflow.nn.Sequential(pyflow.nn.Linear(3, 8), pyflow.nn.GELU(),
-                                 pyflow.nn.Linear(8, 2)).double()
-    model.load_state_dict(ref_model.state_dict())
+    ref_model, model = twin_mlps(8, pyflow.nn.GELU)
     layout = {"0.weight": S.split(0), "0.bias": S.split(0), "2.weight": S.split(1),
               "2.bias": S.broadcast}
     for name, p in list(model.named_parameters()):
@@ -304,11 +307,7 @@ def graph_buckets_and_accumulation():
     from pyflow.graph.executor import GradSync
     X, Y = reference((4 * SIZE, 3), 1), reference((4 * SIZE, 2), 2)
     pyflow.manual_seed(0)
-    ref_model = pyflow.nn.Sequential(pyflow.nn.Linear(3, 8), pyflow.nn.Tanh(),
-                                      pyflow.nn.Linear(8, 2)).double()
-    model = pyflow.nn.Sequential(pyflow.nn.Linear(3, 8), pyflow.nn.Tanh(),
-                                 pyflow.nn.Linear(8, 2)).double()
-    model.load_state_dict(ref_model.state_dict())
+    ref_model, model = twin_mlps(8, pyflow.nn.Tanh)
     model.to_global(PLC, S.broadcast)
     opts = [pyflow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ref_model, model)]
 
