@@ -23,6 +23,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..registry import register
+from . import blas
 
 
 @njit(nogil=True, cache=True)
@@ -113,7 +114,7 @@ def conv2d(x, w, bias, stride, padding, dilation, groups, out_hw, keep_cols):
     w2 = w.reshape(O, Kg)
     prod = np.empty((O, N * Ho * Wo), x.dtype)
     for g in range(groups):
-        np.matmul(w2[g * Og:(g + 1) * Og], cols[g * Kg:(g + 1) * Kg],
+        blas.matmul(w2[g * Og:(g + 1) * Og], cols[g * Kg:(g + 1) * Kg],
                   out=prod[g * Og:(g + 1) * Og])
     y = np.empty((N, O, Ho, Wo), x.dtype)
     src = prod.reshape(O, N, Ho, Wo).transpose(1, 0, 2, 3)
@@ -148,7 +149,7 @@ def conv2d_backward(x, w, gy, cols, x_shape, w_shape, stride, padding, dilation,
         # in OpenBLAS than g2_g @ cols_g.T: the long N*L axis is the reduction.
         gw_t = np.empty((groups, Kg, Og), dt)
         for g in range(groups):
-            np.matmul(cols[g * Kg:(g + 1) * Kg], g2[g * Og:(g + 1) * Og].T, out=gw_t[g])
+            blas.matmul(cols[g * Kg:(g + 1) * Kg], g2[g * Og:(g + 1) * Og].T, out=gw_t[g])
         gw = np.ascontiguousarray(gw_t.transpose(0, 2, 1)).reshape(w_shape)
     if need_input:
         _, Cg, kh, kw = w_shape
@@ -156,7 +157,7 @@ def conv2d_backward(x, w, gy, cols, x_shape, w_shape, stride, padding, dilation,
         w2 = w.reshape(O, Kg)
         gcols = np.empty((groups * Kg, N * Ho * Wo), dt)
         for g in range(groups):
-            np.matmul(w2[g * Og:(g + 1) * Og].T, g2[g * Og:(g + 1) * Og],
+            blas.matmul(w2[g * Og:(g + 1) * Og].T, g2[g * Og:(g + 1) * Og],
                       out=gcols[g * Kg:(g + 1) * Kg])
         gx = np.empty(x_shape, dt)
         col2im(gcols, kh, kw, stride[0], stride[1], padding[0], padding[1],

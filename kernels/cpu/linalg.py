@@ -1,9 +1,9 @@
-"""GEMM on the CPU: NumPy's matmul, i.e. the BLAS it links (OpenBLAS in the
-pip wheel).  A hand-written numba GEMM cannot match a tuned BLAS on the CPU;
+"""GEMM on the CPU: a BLAS (blas.py picks MKL when installed, else NumPy's
+OpenBLAS).  A hand-written numba GEMM cannot match a tuned BLAS on the CPU;
 the numba.cuda tiled GEMM is where pyflow writes its own.
 
-``np.matmul`` passes a transposed 2-D view to BLAS with its ``trans`` flag
-instead of copying it, so ``x @ weight.T`` and ``grad.T @ x`` cost no copy.
+A transposed 2-D view goes to BLAS with its ``trans`` flag instead of being
+copied, so ``x @ weight.T`` and ``grad.T @ x`` cost no copy.
 Operands BLAS cannot take (a zero stride from ``expand``, or no unit stride)
 are copied first: NumPy's own fallback loop for them is 5-10x slower than the
 copy plus BLAS (measured: an expanded (2048, 256) gradient @ (256, 1024), 9 ms).
@@ -13,6 +13,7 @@ is weakest: every matrix is one multi-threaded GEMM call whose thread hand-off
 costs as much as the arithmetic.  There the batch is split across worker
 threads, each running single-threaded BLAS (threadpoolctl sets OpenBLAS to one
 thread for the duration; measured 2.4 ms -> 0.7 ms for 64 x (128x64 @ 64x128)).
+MKL needs no such help: its batched GEMM takes the whole stack in one call.
 """
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -20,11 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..registry import register
+from . import blas
 
 _WORKERS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                else os.cpu_count() or 1)
 SMALL_GEMM_FLOPS = 1 << 24      # per matrix; above this BLAS's own threads pay off
-_pool = _blas = None
+_pool = _controller = None
 
 
 def _blas_ready(x):
@@ -37,11 +39,11 @@ def _blas_ready(x):
 
 
 def _single_thread_blas():
-    global _blas
-    if _blas is None:
+    global _controller
+    if _controller is None:
         from threadpoolctl import ThreadpoolController
-        _blas = ThreadpoolController()
-    return _blas.limit(limits=1, user_api="blas")
+        _controller = ThreadpoolController()
+    return _controller.limit(limits=1, user_api="blas")
 
 
 def _batched_small(a, b):
@@ -71,11 +73,12 @@ def matmul(a, b):
         a = np.ascontiguousarray(a)
     if not _blas_ready(b):
         b = np.ascontiguousarray(b)
-    if (_WORKERS > 1 and a.ndim >= 3 and a.shape[:-2] == b.shape[:-2]
+    if (blas.backend() == "numpy" and _WORKERS > 1 and a.ndim >= 3
+            and a.shape[:-2] == b.shape[:-2]
             and 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] < SMALL_GEMM_FLOPS
             and int(np.prod(a.shape[:-2])) >= 2 * _WORKERS):
         return _batched_small(a, b)
-    return np.asarray(np.matmul(a, b))
+    return np.asarray(blas.matmul(a, b))
 
 
 @register("linear", "cpu")
@@ -83,7 +86,6 @@ def linear(x, weight, bias):
     """x (M, K) @ weight (N, K).T + bias (N,): one GEMM, bias added in place."""
     if not _blas_ready(x):
         x = np.ascontiguousarray(x)
-    out = np.matmul(x, weight.T)
-    if bias is not None:
-        out += bias
-    return out
+    if bias is None:
+        return blas.matmul(x, weight.T)
+    return blas.addmm(bias, x, weight.T)

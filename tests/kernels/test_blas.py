@@ -1,0 +1,130 @@
+"""kernels/cpu/blas.py: every layout, stack and broadcast the MKL path takes
+gives NumPy's float64 answer, everything it does not take falls back to
+``np.matmul``, and ``PYFLOW_BLAS`` is honoured.  Each test runs on both
+backends; the MKL half skips only where the ``mkl`` wheel is not installed
+(``make test`` installs it on x86-64 Linux, and test_mkl_used_when_installed
+fails if it is installed but not used)."""
+import importlib.metadata
+
+import numpy as np
+import pytest
+
+from pyflow.kernels.cpu import blas
+
+try:
+    importlib.metadata.version("mkl")
+    MKL_INSTALLED = True
+except importlib.metadata.PackageNotFoundError:
+    MKL_INSTALLED = False
+
+BACKENDS = ["numpy", pytest.param("mkl", marks=pytest.mark.skipif(
+    not MKL_INSTALLED, reason="the mkl wheel is not installed"))]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, monkeypatch):
+    monkeypatch.setenv("PYFLOW_BLAS", request.param)
+    blas.reload()
+    assert blas.backend() == request.param
+    yield request.param
+    monkeypatch.undo()
+    blas.reload()
+
+
+def _view(rng, shape, layout, dtype):
+    """A (..., r, c) operand stored as ``layout``: "c" contiguous, "t" a transposed
+    view, "s" rows of a wider array (leading dimension > columns), "p" batch
+    dims permuted (strides no single batch stride can describe)."""
+    r, c = shape[-2:]
+    if layout == "t":
+        return np.swapaxes(rng.standard_normal(shape[:-2] + (c, r)).astype(dtype), -1, -2)
+    if layout == "s":
+        return rng.standard_normal(shape[:-1] + (c + 5,)).astype(dtype)[..., :c]
+    if layout == "p" and len(shape) >= 4:
+        base = rng.standard_normal((shape[1], shape[0]) + shape[2:]).astype(dtype)
+        return np.swapaxes(base, 0, 1)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _check(got, a, b):
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    assert got.shape == want.shape and got.dtype == np.result_type(a, b)
+    tol = 1e-4 if a.dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("la", ["c", "t", "s"])
+@pytest.mark.parametrize("lb", ["c", "t", "s"])
+def test_matrix_layouts(backend, dtype, la, lb):
+    rng = np.random.default_rng(0)
+    a, b = _view(rng, (7, 5), la, dtype), _view(rng, (5, 9), lb, dtype)
+    _check(blas.matmul(a, b), a, b)
+
+
+@pytest.mark.parametrize("sa, sb", [
+    ((3, 4, 6, 5), (3, 4, 5, 2)),        # a stack, as attention's heads
+    ((3, 1, 6, 5), (4, 5, 2)),           # broadcast batch dims on both sides
+    ((2, 6, 5), (5, 3)),                 # a matrix against a stack
+    ((6, 5), (2, 3, 5, 4)),
+])
+@pytest.mark.parametrize("layout", ["c", "t", "p"])
+def test_stacks_and_broadcasting(backend, sa, sb, layout):
+    rng = np.random.default_rng(1)
+    a, b = _view(rng, sa, layout, np.float32), _view(rng, sb, "t", np.float32)
+    _check(blas.matmul(a, b), a, b)
+
+
+def test_out_and_addmm(backend):
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((8, 3)), rng.standard_normal((3, 6))
+    out = np.full((8, 6), np.nan)
+    assert blas.matmul(a, b, out=out) is out
+    _check(out, a, b)
+    bias = rng.standard_normal(6)
+    np.testing.assert_allclose(blas.addmm(bias, a, b.T.copy().T), a @ b + bias, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"out has shape \(8, 5\).*expected \(8, 6\)"):
+        blas.matmul(a, b, out=np.empty((8, 5)))
+
+
+@pytest.mark.parametrize("a, b", [
+    (np.arange(12).reshape(3, 4), np.arange(8).reshape(4, 2)),           # integers
+    (np.ones((3, 4), np.float16), np.ones((4, 2), np.float16)),          # half precision
+    (np.ones((3, 4), np.float32), np.ones((4, 2), np.float64)),          # mixed dtypes
+    (np.ones(4, np.float32), np.ones((4, 2), np.float32)),               # a vector
+    (np.ones((1, 4), np.float32), np.ones((4, 3), np.float32)),          # one row
+    (np.ones((0, 4), np.float32), np.ones((4, 3), np.float32)),          # empty
+    (np.broadcast_to(np.ones((1, 4), np.float32), (3, 4)), np.ones((4, 2), np.float32)),
+])
+def test_fallback_equals_numpy(backend, a, b):
+    got = blas.matmul(a, b)
+    want = np.matmul(a, b)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_bad_choice_and_missing_mkl(monkeypatch):
+    monkeypatch.setenv("PYFLOW_BLAS", "fastest")
+    blas.reload()
+    with pytest.raises(ValueError, match="PYFLOW_BLAS='fastest': expected one of auto, mkl, numpy"):
+        blas.backend()
+    monkeypatch.setenv("PYFLOW_BLAS", "mkl")
+    monkeypatch.setattr(blas, "_candidates", lambda: iter(()))
+    blas.reload()
+    with pytest.raises(RuntimeError, match="PYFLOW_BLAS=mkl but MKL's libmkl_rt was not found"):
+        blas.backend()
+    monkeypatch.setenv("PYFLOW_BLAS", "auto")
+    blas.reload()
+    assert blas.backend() == "numpy"          # auto without MKL: NumPy, quietly
+    monkeypatch.undo()
+    blas.reload()
+
+
+def test_mkl_used_when_installed(monkeypatch):
+    monkeypatch.setenv("PYFLOW_BLAS", "auto")
+    blas.reload()
+    try:
+        assert blas.backend() == ("mkl" if MKL_INSTALLED else "numpy")
+    finally:
+        monkeypatch.undo()
+        blas.reload()
