@@ -11,6 +11,15 @@ prints the comparison).  A GEMM is not pyflow's subject; a well-kept BLAS is
 the right tool, and choosing the faster one makes the comparison with PyTorch
 one of frameworks, not of BLAS libraries.
 
+Neither BLAS wins everywhere.  MKL's call and thread start-up cost more, so
+below about 2^28 flops (a 1024x256x512 product; ResNet's per-layer conv
+GEMMs at DLPerf's CPU preset are all under it) OpenBLAS is as fast or up to 3x
+faster, and above it MKL is 5-50% faster (a grid of 64 shapes, each library in
+its own process).  So a single product takes MKL from ``MKL_MIN_FLOPS`` up,
+and a stack of products (one batched MKL call against a loop of OpenBLAS
+calls) from ``MKL_MIN_STACK_FLOPS``.  The rule depends only on shapes, so
+every rank and every run makes the same choice and rounds alike.
+
 MKL is reached with ``ctypes`` (no compiled glue): ``cblas_?gemm`` for one
 matrix, ``cblas_?gemm_batch`` with arrays of pointers for a stack, so any batch
 strides (a head split out of a fused qkv projection, a broadcast operand)
@@ -37,6 +46,8 @@ _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _GNU_THREADS, _TBB_THREADS = 3, 4               # MKL_Set_Threading_Layer's codes
 _INT_MAX = 2 ** 31 - 1                          # MKL's LP64 interface: 32-bit sizes
 _CHOICES = ("auto", "mkl", "numpy")
+MKL_MIN_FLOPS = 1 << 28          # one product: MKL from here up (see the module doc)
+MKL_MIN_STACK_FLOPS = 1 << 24    # a stack of products, all of them together
 
 
 def _candidates():
@@ -113,6 +124,11 @@ def _library():
     return _mkl
 
 
+def uses_mkl(a, b):
+    """True when ``matmul(a, b)`` will run in MKL."""
+    return _library() is not None and _mkl_ready(a, b)
+
+
 def _layout(x):
     """(transpose flag, leading dimension) for BLAS to read ``x``'s trailing
     matrix in place, row-major; None when it cannot."""
@@ -130,12 +146,22 @@ def _layout(x):
 
 
 def _mkl_ready(a, b):
-    """True when MKL takes ``a @ b`` directly (see the module doc)."""
+    """True when ``a @ b`` goes to MKL: float32/float64 matrices BLAS reads in
+    place, big enough that MKL is the faster (see the module doc)."""
     if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
         return False
     if a.ndim < 2 or b.ndim < 2 or min(a.shape[-2:] + b.shape[-1:]) < 2:
         return False                # vectors and size-1 matrices: NumPy's GEMV/dot paths
     if max(a.shape[-2:] + b.shape[-1:]) > _INT_MAX or a.shape[-1] != b.shape[-2]:
+        return False
+    flops = 2 * a.shape[-2] * a.shape[-1] * b.shape[-1]
+    if a.ndim > 2 or b.ndim > 2:
+        stack = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])))
+        if stack > 1 and flops * stack < MKL_MIN_STACK_FLOPS:
+            return False
+        if stack == 1 and flops < MKL_MIN_FLOPS:
+            return False
+    elif flops < MKL_MIN_FLOPS:
         return False
     return _layout(a) is not None and _layout(b) is not None
 

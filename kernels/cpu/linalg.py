@@ -73,7 +73,7 @@ def matmul(a, b):
         a = np.ascontiguousarray(a)
     if not _blas_ready(b):
         b = np.ascontiguousarray(b)
-    if (blas.backend() == "numpy" and _WORKERS > 1 and a.ndim >= 3
+    if (not blas.uses_mkl(a, b) and _WORKERS > 1 and a.ndim >= 3
             and a.shape[:-2] == b.shape[:-2]
             and 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] < SMALL_GEMM_FLOPS
             and int(np.prod(a.shape[:-2])) >= 2 * _WORKERS):

@@ -23,7 +23,11 @@ BACKENDS = ["numpy", pytest.param("mkl", marks=pytest.mark.skipif(
 
 @pytest.fixture(params=BACKENDS)
 def backend(request, monkeypatch):
+    """Each backend in turn; on MKL every eligible product goes to MKL, however
+    small (the size rule is tested on its own below)."""
     monkeypatch.setenv("PYFLOW_BLAS", request.param)
+    monkeypatch.setattr(blas, "MKL_MIN_FLOPS", 0)
+    monkeypatch.setattr(blas, "MKL_MIN_STACK_FLOPS", 0)
     blas.reload()
     assert blas.backend() == request.param
     yield request.param
@@ -101,6 +105,24 @@ def test_fallback_equals_numpy(backend, a, b):
     want = np.matmul(a, b)
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.skipif(not MKL_INSTALLED, reason="the mkl wheel is not installed")
+def test_size_rule(monkeypatch):
+    """Small products stay with NumPy's BLAS, big ones and stacks go to MKL."""
+    monkeypatch.setenv("PYFLOW_BLAS", "mkl")
+    blas.reload()
+    try:
+        f32 = np.float32
+        assert not blas.uses_mkl(np.ones((256, 256), f32), np.ones((256, 256), f32))
+        assert blas.uses_mkl(np.ones((1024, 256), f32), np.ones((256, 512), f32))
+        heads = np.ones((16, 4, 128, 64), f32)
+        assert blas.uses_mkl(heads, np.swapaxes(heads, -1, -2))
+        assert not blas.uses_mkl(heads[:1, :1, :8], np.swapaxes(heads[:1, :1, :8], -1, -2))
+        assert not blas.uses_mkl(np.ones((1024, 256)), np.ones((256, 512), f32))  # mixed
+    finally:
+        monkeypatch.undo()
+        blas.reload()
 
 
 def test_bad_choice_and_missing_mkl(monkeypatch):
