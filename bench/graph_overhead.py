@@ -3,8 +3,9 @@ per step of the sequential executor) against eager dispatch of the same ops.
 
 A chain of N tiny ops (``x = x * 1.0001 + 0.5``, alternating mul and add on a
 4x4 float32 tensor, so the kernels cost next to nothing) runs three ways:
-eagerly (under ``no_grad``), as an inference graph run by actors, and as the
-same graph run by the sequential executor.  Elementwise fusion is switched
+eagerly (under ``no_grad``), as an inference graph run by actors (one
+chain actor for the compute stream, the default, and one actor per op,
+``allow_fuse_actor_chains(False)``), and by the sequential executor.  Elementwise fusion is switched
 off, or the chain would become one kernel.  Each is timed for N = 50 and
 N = 200, alternating (bench/common.py); the per-op cost is the slope
 (t(200) - t(50)) / 150, so the fixed cost of starting a run drops out, and
@@ -22,6 +23,7 @@ import pyflow as pf  # noqa: E402
 from bench.common import interleaved, machine, table  # noqa: E402
 
 LENGTHS = (50, 200)
+MODES = ("eager", "actors (chains)", "actors (per op)", "sequential")
 
 
 def chain(x, n):
@@ -34,7 +36,8 @@ class Chain(pf.nn.Graph):
     def __init__(self, n, executor):
         super().__init__()
         self.n = n
-        self.config.set_executor(executor)
+        self.config.set_executor("actors" if executor.startswith("actors") else executor)
+        self.config.allow_fuse_actor_chains(executor != "actors (per op)")
         self.config.allow_fuse_elementwise(False)
 
     def build(self, x):
@@ -45,11 +48,10 @@ def runners(n, x):
     def eager():
         with pf.no_grad():
             chain(x, n)
-    graphs = {e: Chain(n, e) for e in ("actors", "sequential")}
+    graphs = {e: Chain(n, e) for e in MODES[1:]}
     for g in graphs.values():
         g(x)                                    # compile outside the timing
-    return {"eager": eager, "actors": lambda: graphs["actors"](x),
-            "sequential": lambda: graphs["sequential"](x)}
+    return {"eager": eager, **{e: (lambda g=g: g(x)) for e, g in graphs.items()}}
 
 
 def main():
@@ -57,7 +59,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args()
     x = pf.randn(4, 4)
-    modes = ("eager", "actors", "sequential")
+    modes = MODES
     fns, keys = [], []
     for n in LENGTHS:
         r = runners(n, x)

@@ -22,11 +22,12 @@ from .tracer import trace
 
 
 class Plan:
-    def __init__(self, stages, accumulation, executor):
+    def __init__(self, stages, accumulation, executor, fuse_actor_chains=True):
         self.stages = stages                  # [(pass name, Graph)], the last is run
         self.graph = stages[-1][1]
         self.accumulation = accumulation
         self.executor = executor
+        self.fuse_actor_chains = fuse_actor_chains   # lowering merges a stream's runs
         self.steps = make_steps(self.graph)
         self._task_graph = None
         # parameters whose .grad the graph recomputes on every call
@@ -39,7 +40,7 @@ class Plan:
         """The actor task graph of one micro-batch (built on first use)."""
         if self._task_graph is None:
             from .lowering import lower
-            self._task_graph = lower(self.graph, self.steps)
+            self._task_graph = lower(self.graph, self.steps, chains=self.fuse_actor_chains)
         return self._task_graph
 
     def _run_once(self, inputs):
@@ -103,7 +104,7 @@ def split_for_accumulation(inputs, n):
 
 def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
                  executor="actors", fuse_elementwise=True, fuse_add_to_output=False,
-                 fuse_model_update=False, in_place=True):
+                 fuse_model_update=False, in_place=True, fuse_actor_chains=True):
     """Trace ``build`` and return the Plan for this input signature."""
     generator = _random.default_generator
     rng_state = generator.get_state()      # the trace must not shift the random stream
@@ -130,7 +131,7 @@ def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
                       ("plan_memory", passes.plan_memory)):
         graph = run(graph)
         stages.append((name, graph))
-    return Plan(stages, accumulation, executor)
+    return Plan(stages, accumulation, executor, fuse_actor_chains)
 
 
 def _skipped(name):

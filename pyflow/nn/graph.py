@@ -42,6 +42,7 @@ class GraphConfig:
         self.fuse_add_to_output = False
         self.fuse_model_update_ops = False
         self.in_place = True
+        self.fuse_actor_chains = True
         self.gradient_accumulation_steps = 1
         self.executor = "actors"
 
@@ -65,6 +66,12 @@ class GraphConfig:
         device) instead of one update node per parameter
         (pyflow.graph.passes.model_update); off by default, as in OneFlow."""
         self.fuse_model_update_ops = bool(mode)
+
+    def allow_fuse_actor_chains(self, mode=True):
+        """Each run of consecutive actors on one stream runs as one chain actor
+        (pyflow.runtime.chains; on by default).  Off: one actor per op, to
+        watch every register move in ``explain`` and the trace."""
+        self.fuse_actor_chains = bool(mode)
 
     def allow_in_place(self, mode=True):
         """Elementwise nodes write into an input that dies at them
@@ -140,7 +147,8 @@ class Graph:
         modes = tuple(m.training for _, top in self._modules() for m in top.modules())
         c = self.config
         return (tuple(parts), modes, c.gradient_accumulation_steps, c.executor,
-                c.fuse_elementwise, c.fuse_add_to_output, c.fuse_model_update_ops, c.in_place)
+                c.fuse_elementwise, c.fuse_add_to_output, c.fuse_model_update_ops, c.in_place,
+                c.fuse_actor_chains)
 
     def compile(self, *args):
         """The Plan for ``args``' signature (compiling it if new)."""
@@ -151,7 +159,8 @@ class Graph:
             plan = compile_plan(self.build, args, self._state_names(), self._optimizers,
                                 self.config.gradient_accumulation_steps, self.config.executor,
                                 self.config.fuse_elementwise, self.config.fuse_add_to_output,
-                                self.config.fuse_model_update_ops, self.config.in_place)
+                                self.config.fuse_model_update_ops, self.config.in_place,
+                                self.config.fuse_actor_chains)
             self._plans[key] = plan
         return plan
 

@@ -20,6 +20,7 @@ an actor's state needs no lock.
 from collections import deque
 from time import perf_counter_ns
 
+from .chains import Chain
 from .messages import ConsumerDone, EndOfData, RegisterFree, RegisterReady
 
 
@@ -53,6 +54,7 @@ class Actor:
         self.run = run            # the _Run: tracer, actor_ended()
         self.fired = 0
         self.ended = False
+        self.chain = fn if isinstance(fn, Chain) else None   # traced op by op
 
     # -- messages ------------------------------------------------------------
     def handle(self, msg):
@@ -103,9 +105,12 @@ class Actor:
         args = [reg.value for reg, inp in zip(regs, self.inputs) if not inp.control]
         iteration = self.fired
         tracer = self.run.tracer
+        chain = self.chain
+        if chain is not None:
+            chain.tracer = None if tracer is None else (tracer, self.stream.name, iteration)
         start = perf_counter_ns()
         result = self.fn(*args)
-        if tracer is not None:
+        if tracer is not None and chain is None:
             tracer.record(self.name, self.stream.name, start, perf_counter_ns(), iteration)
         self.fired += 1
         self.write_outputs(result, iteration)

@@ -37,6 +37,7 @@ from .actor import Actor, InputEdge, SinkActor, SourceActor
 from .messages import START, STOP
 from .register import OutputRegisters
 from .stream import Stream
+from .chains import ChainMemberError
 from .taskgraph import Port
 from .trace import TRACE_ENV, Tracer
 
@@ -45,11 +46,13 @@ JOIN_S = 1.0                      # how long to wait for each thread when stoppi
 
 
 class ActorError(RuntimeError):
-    """An actor's function raised; `__cause__` is the original exception."""
+    """An actor's function raised; `__cause__` is the original exception.
+    ``op``: the op that raised inside a chain actor (chains.py), else the actor."""
 
-    def __init__(self, message, actor):
+    def __init__(self, message, actor, op=None):
         super().__init__(message)
         self.actor = actor
+        self.op = op or actor
 
 
 class DeadlockError(RuntimeError):
@@ -185,9 +188,13 @@ class _Run:
                 s.join(JOIN_S)
         if self.error is not None:
             actor, exc, iteration = self.error
-            raise ActorError(f"actor '{actor.name}' (stream '{actor.stream.name}') failed at "
+            op = None
+            if isinstance(exc, ChainMemberError):
+                op, exc = exc.op, exc.exc
+            where = f"op '{op}' of actor '{actor.name}'" if op else f"actor '{actor.name}'"
+            raise ActorError(f"{where} (stream '{actor.stream.name}') failed at "
                              f"iteration {iteration}: {type(exc).__name__}: {exc}",
-                             actor.name) from exc
+                             actor.name, op) from exc
         return {name: a.values for name, a in self.actors.items() if isinstance(a, SinkActor)}
 
     def _watch(self, timeout):

@@ -253,8 +253,11 @@ class TaskGraph:
                 f"out{i}[registers={r}{', initial' if i in spec.initial else ''}]"
                 for i, r in enumerate(spec.registers)) or "no outputs"
             stream = self.stream_of(spec.name)
-            lines.append(f"  {spec.name:<{width}}  {spec.kind:<6}  stream={stream:<{swidth}}"
-                         f"  {outs}")
+            members = getattr(spec.fn, "members", None)       # a chain actor (chains.py)
+            kind = "chain" if members else spec.kind
+            ops = f"  ({len(members)} ops)" if members else ""
+            lines.append(f"  {spec.name:<{width}}  {kind:<6}  stream={stream:<{swidth}}"
+                         f"  {outs}{ops}")
         lines.append("edges:")
         for e in self.edges:
             extra = (" initial" if e.initial else "") + (" control" if e.control else "")

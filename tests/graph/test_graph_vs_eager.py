@@ -8,7 +8,14 @@ import pytest
 import pyflow as pf
 from bench.models_both import small_cnn, transformer_block
 
-EXECUTORS = ["sequential", "actors"]
+# "actors" merges each stream's consecutive actors into chains (the default);
+# "actors-per-op" keeps one actor per op (pyflow.runtime.chains).
+EXECUTORS = ["sequential", "actors", "actors-per-op"]
+
+
+def set_executor(graph, executor):
+    graph.config.set_executor("actors" if executor == "actors-per-op" else executor)
+    graph.config.allow_fuse_actor_chains(executor != "actors-per-op")
 
 
 def mlp():
@@ -22,7 +29,7 @@ class TrainGraph(pf.nn.Graph):
         self.model = model
         self.loss_fn = loss_fn
         self.add_optimizer(optimizer)
-        self.config.set_executor(executor)
+        set_executor(self, executor)
 
     def build(self, x, y):
         loss = self.loss_fn(self.model(x), y)
@@ -121,7 +128,7 @@ def test_inference_graph_one_plan_per_shape(executor):
     pf.manual_seed(0)
     model = mlp()
     graph = InferenceGraph(model)
-    graph.config.set_executor(executor)
+    set_executor(graph, executor)
     rng = np.random.default_rng(3)
     for batch in (4, 4, 7, 4, 7):
         x = pf.tensor(rng.standard_normal((batch, 12)).astype(np.float32))
