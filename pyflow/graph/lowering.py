@@ -1,7 +1,8 @@
 """Lowering: a compiled Graph becomes a task graph of actors (pyflow.runtime).
 
-* a source actor ``inputs`` (stream ``data``) yields the tuple of input
-  tensors of each run, and ``unpack_inputs`` hands each one to its consumers;
+* a source actor ``inputs`` yields the tuple of input tensors of each run,
+  and ``unpack_inputs`` hands each one to its consumers (on stream ``data``
+  when streaming batches from a loader, else on ``compute``);
 * one actor per node, on stream ``copy`` for device transfers and ``compute``
   for everything else.  Its data inputs are the Values it reads (the
   registers between actors); a backward actor also reads its forward actor's
@@ -50,12 +51,15 @@ def lower(graph, steps, registers=1, streaming=False, chains=True):
     That feedback edge is what keeps a pipelined training loop exact."""
     tg = TaskGraph()
     feed = _Feed()
-    src = tg.source("inputs", feed, stream="data", registers=max(registers, 2))
+    # One call's inputs are already in memory: a data stream would only add a
+    # thread hand-off per run.  Streaming runs load the next batch there.
+    data = "data" if streaming else "compute"
+    src = tg.source("inputs", feed, stream=data, registers=max(registers, 2))
     n_in = len(graph.inputs)
     ports = {}
     if n_in:
         unpacked = tg.actor("unpack_inputs", lambda xs: tuple(xs) if n_in > 1 else xs[0],
-                            inputs=[src], outputs=n_in, stream="data", registers=registers)
+                            inputs=[src], outputs=n_in, stream=data, registers=registers)
         unpacked = unpacked if n_in > 1 else (unpacked,)
         ports = {v.id: p for v, p in zip(graph.inputs, unpacked)}
     ctx_port, consumers = {}, {}

@@ -244,7 +244,8 @@ class TaskGraph:
     # -- looking at it -------------------------------------------------------
     def describe(self):
         """Text listing actors with their streams, and edges with register counts."""
-        lines = [f"TaskGraph: {len(self.specs)} actors on {len(self.streams)} streams "
+        n = len(self.streams)
+        lines = [f"TaskGraph: {len(self.specs)} actors on {n} stream{'s' * (n != 1)} "
                  f"({', '.join(self.streams)})", "actors:"]
         width = max((len(n) for n in self.specs), default=0)
         swidth = max((len(s) for s in self.streams), default=0)
