@@ -249,8 +249,8 @@ def timed_worker(mode, preset, batch, device, steps, warmup):
     step time: a run has only a few steps there, and on a shared 2-core machine
     one burst of foreign load would otherwise decide the number (the CPU steps
     are synchronous, so timing each one costs nothing)."""
+    lib = _import(mode)         # before NumPy: pyflow sets OpenBLAS's thread timeout
     import numpy as np
-    lib = _import(mode)
     lib.manual_seed(0)
     model, inputs, loss_of, opt = build(lib, preset, batch, device, np.random.default_rng(0))
     step = make_step(lib, mode, model, inputs, loss_of, opt)
@@ -277,8 +277,8 @@ def ddp_worker(preset, batch, steps, warmup):
     """One rank of the scaling run: eager DDP, the batch per rank fixed; every
     rank returns the global samples/s, world size x batch / its median step
     time (a step ends with the gradients' all-reduce, so all ranks agree)."""
+    lib = _import("eager")      # before NumPy, as above
     import numpy as np
-    lib = _import("eager")
     from pyflow import comm
     world = comm.world()
     lib.manual_seed(0)

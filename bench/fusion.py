@@ -15,9 +15,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
+import pyflow as pf  # noqa: E402  (before NumPy: it sets OpenBLAS's thread timeout)
 
-import pyflow as pf  # noqa: E402
+import numpy as np  # noqa: E402,I001
 from bench.common import interleaved, machine  # noqa: E402
 from pyflow.graph.passes.fusion import fuse_elementwise, fused_function  # noqa: E402
 from pyflow.graph import trace  # noqa: E402

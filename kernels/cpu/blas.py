@@ -12,13 +12,16 @@ the right tool, and choosing the faster one makes the comparison with PyTorch
 one of frameworks, not of BLAS libraries.
 
 Neither BLAS wins everywhere.  MKL's call and thread start-up cost more, so
-below about 2^28 flops (a 1024x256x512 product; ResNet's per-layer conv
-GEMMs at DLPerf's CPU preset are all under it) OpenBLAS is as fast or up to 3x
-faster, and above it MKL is 5-50% faster (a grid of 64 shapes, each library in
-its own process).  So a single product takes MKL from ``MKL_MIN_FLOPS`` up,
-and a stack of products (one batched MKL call against a loop of OpenBLAS
-calls) from ``MKL_MIN_STACK_FLOPS``.  The rule depends only on shapes, so
-every rank and every run makes the same choice and rounds alike.
+below about 2^26 flops (a 256x256x512 product) OpenBLAS is up to 2-8x faster,
+and from about 2^27 up MKL is 0-50% faster (a grid of 64 shapes, each library
+in its own process, pyflow imported first).  So a single product takes MKL
+from ``MKL_MIN_FLOPS`` up, and a stack of products (one batched MKL call
+against a loop of OpenBLAS calls) from ``MKL_MIN_STACK_FLOPS``.  The rule
+depends only on shapes, so every rank and every run makes the same choice and
+rounds alike.  Mixing the two is cheap only while OpenBLAS's idle threads
+sleep at once (``OPENBLAS_THREAD_TIMEOUT``, set by ``import pyflow`` when
+NumPy is not imported before it): spinning, they slowed BERT's MKL GEMMs by
+20%.
 
 MKL is reached with ``ctypes`` (no compiled glue): ``cblas_?gemm`` for one
 matrix, ``cblas_?gemm_batch`` with arrays of pointers for a stack, so any batch
@@ -46,7 +49,7 @@ _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _GNU_THREADS, _TBB_THREADS = 3, 4               # MKL_Set_Threading_Layer's codes
 _INT_MAX = 2 ** 31 - 1                          # MKL's LP64 interface: 32-bit sizes
 _CHOICES = ("auto", "mkl", "numpy")
-MKL_MIN_FLOPS = 1 << 28          # one product: MKL from here up (see the module doc)
+MKL_MIN_FLOPS = 1 << 26          # one product: MKL from here up (see the module doc)
 MKL_MIN_STACK_FLOPS = 1 << 24    # a stack of products, all of them together
 
 
