@@ -145,12 +145,14 @@ def conv2d_backward(x, w, gy, cols, x_shape, w_shape, stride, padding, dilation,
             cols = _im2col(x, w_shape[2], w_shape[3], stride, padding, dilation, (Ho, Wo))
         K = cols.shape[0]
         Og, Kg = O // groups, K // groups
-        # cols_g @ g2_g.T (then transposed back, a tiny copy) measured 1.4x faster
-        # in OpenBLAS than g2_g @ cols_g.T: the long N*L axis is the reduction.
-        gw_t = np.empty((groups, Kg, Og), dt)
+        # g2_g @ cols_g.T straight into the weight's (O, K) layout.  Computing the
+        # transpose and copying it back costs far more than it saves: the copy
+        # walks memory across rows (a (4608, 512) weight: 17 ms against 0.6 ms).
+        gw = np.empty((O, Kg), dt)
         for g in range(groups):
-            blas.matmul(cols[g * Kg:(g + 1) * Kg], g2[g * Og:(g + 1) * Og].T, out=gw_t[g])
-        gw = np.ascontiguousarray(gw_t.transpose(0, 2, 1)).reshape(w_shape)
+            blas.matmul(g2[g * Og:(g + 1) * Og], cols[g * Kg:(g + 1) * Kg].T,
+                        out=gw[g * Og:(g + 1) * Og])
+        gw = gw.reshape(w_shape)
     if need_input:
         _, Cg, kh, kw = w_shape
         Og, Kg = O // groups, Cg * kh * kw
