@@ -18,7 +18,7 @@ from .. import scalar
 from .fastmath import fast_erf, fast_exp, fast_tanh
 
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
-PARALLEL_MIN = 1 << 16     # below this, waking the thread pool costs more than it saves
+PARALLEL_MIN = 1 << 19     # below this one thread is faster (2 cores: GELU on 131K, 43 vs 85 us)
 
 _fast_math_module = types.ModuleType("pyflow_fast_math")
 _fast_math_module.__dict__.update(math.__dict__)

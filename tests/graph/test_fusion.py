@@ -188,16 +188,33 @@ def test_cpu_fast_loop_equals_the_ufunc(parallel, monkeypatch):
     program = (("mul", (0, 1)), ("add", (4, 2)), ("gelu", (5,)), ("div", (6, 3)))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((6, 5))
+    whole = rng.standard_normal((4, 32))       # coalesces to one row: cut into pieces
     cases = [(x, rng.standard_normal(5), rng.standard_normal((6, 1)), np.asarray(1.5)),
-             (x, x.T.copy().T, rng.standard_normal(()), rng.uniform(1, 2, (5,)))]
+             (x, x.T.copy().T, rng.standard_normal(()), rng.uniform(1, 2, (5,))),
+             (whole, whole + 1, np.asarray(0.5), rng.uniform(1, 2, (4, 32)))]
     run = registry.get("fused_elementwise", "cpu")
     for wrt in (None, 0, 3):
         expr = (program, (False,) * 4, wrt)
         for ops in cases:
-            ops = ops if wrt is None else (rng.standard_normal((6, 5)),) + ops
+            ops = ops if wrt is None else (rng.standard_normal(ops[0].shape),) + ops
             got = run(expr, *ops)
             assert_close(got, fused.ufunc(expr, np.float64)(*ops), rtol=1e-14, atol=1e-15)
     assert any(key[0][0] == program and key[3] == parallel for key in fused._loops)
+
+
+def test_operands_with_one_gradient_program_share_one_kernel_run():
+    """relu(a + b): both operands' gradient is relu'(a + b) * g, computed once
+    (as eager's add hands one gradient to both inputs); a * b's are different."""
+    from pyflow.graph.passes.fusion import fused_function
+    add_relu = fused_function((("add", (0, 1)), ("relu", (2,))), (False, False))
+    assert add_relu._same_gradient() == {0: 0, 1: 0}
+    assert fused_function((("mul", (0, 1)),), (False, False))._same_gradient() == {0: 0, 1: 1}
+    rng = np.random.default_rng(4)
+    a, b = (pf.tensor(rng.standard_normal((3, 4)), requires_grad=True) for _ in range(2))
+    add_relu.apply(a, b).sum().backward()
+    want = (a.detach().cpu().numpy() + b.detach().cpu().numpy() > 0).astype(np.float64)
+    np.testing.assert_array_equal(a.grad.cpu().numpy(), want)
+    np.testing.assert_array_equal(b.grad.cpu().numpy(), want)
 
 
 def test_double_backward_through_a_fused_node_is_refused():

@@ -229,14 +229,32 @@ class FusedElementwise(Function):
         run = kernel("fused_elementwise", device.type)
         needs = ctx.needs_input_grad
         used = {r for _, refs in cls.program for r in refs}
-        grads = []
+        same = cls._same_gradient()
+        grads, done = [], {}
         for k, a in enumerate(args):
             if isinstance(a, Tensor) and k in used and (k >= len(needs) or needs[k]):
-                full = wrap(run((cls.program, cls.scalars, k), *operands), dtype, device)
+                full = done.get(same[k])
+                if full is None:        # operands with one gradient program share its run
+                    full = done[same[k]] = wrap(run((cls.program, cls.scalars, k), *operands),
+                                                dtype, device)
                 grads.append(unbroadcast(full, a.shape))
             else:
                 grads.append(None)
         return tuple(grads)
+
+    @classmethod
+    def _same_gradient(cls):
+        """{operand index: the first operand whose gradient program is the same}
+        (``a + b``'s two operands, or ``relu(a + b)``'s): one kernel run serves
+        them all, as eager's add hands one gradient to both of its inputs."""
+        same = cls.__dict__.get("_same")
+        if same is None:
+            from ...kernels.cpu.fused import gradient_key     # pure: the generated source
+            first = {}
+            same = cls._same = {k: first.setdefault(
+                gradient_key((cls.program, cls.scalars, k)), k)
+                for k, s in enumerate(cls.scalars) if not s}
+        return same
 
 
 _classes = {}
