@@ -169,14 +169,14 @@ def _mkl_ready(a, b):
     return _layout(a) is not None and _layout(b) is not None
 
 
-def _gemm(lib, a, b, out, beta=0.0):
-    """out = a @ b + beta * out, for 2-D operands."""
+def _gemm(lib, a, b, out):
+    """out = a @ b, for 2-D operands."""
     m, k = a.shape
     n = b.shape[1]
     ta, lda = _layout(a)
     tb, ldb = _layout(b)
     lib.gemm[a.dtype](_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda,
-                      b.ctypes.data, ldb, beta, out.ctypes.data, out.strides[0] // out.itemsize)
+                      b.ctypes.data, ldb, 0.0, out.ctypes.data, out.strides[0] // out.itemsize)
 
 
 def _pointers(x, batch):
@@ -228,19 +228,4 @@ def matmul(a, b, out=None):
         np.matmul(a, b, out=out)
     elif out.size:
         _gemm_batch(lib, a, b, out, batch)
-    return out
-
-def addmm(bias, a, b):
-    """``bias + a @ b`` for 2-D ``a``, ``b`` and a ``bias`` that broadcasts to the
-    product, in one GEMM pass on MKL (the bias is written first and the GEMM
-    adds to it, as PyTorch's addmm), a GEMM then an in-place add otherwise."""
-    lib = _library()
-    if (lib is not None and a.ndim == 2 and b.ndim == 2 and _mkl_ready(a, b)
-            and np.result_type(bias, a) == a.dtype):
-        out = np.empty((a.shape[0], b.shape[1]), a.dtype)
-        out[...] = bias
-        _gemm(lib, a, b, out, beta=1.0)
-        return out
-    out = matmul(a, b)
-    out += bias
     return out
