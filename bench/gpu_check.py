@@ -8,8 +8,12 @@ Measured: device-to-device copy bandwidth (the ceiling) and each memory-bound
 kernel's bandwidth as a fraction of it (elementwise, broadcast, reduction,
 softmax, layer_norm); numba GEMM TFLOP/s against cuBLAS FP32 (TF32 off), TF32
 and BF16 at 4096^3; softmax and layer_norm against PyTorch; launch overhead.
-Under --sim every number is host time of the simulator: it only proves the
-script runs end to end.  Installs nothing.
+Then (on a GPU only, unless --skip-dlperf) one round of ``bench/dlperf.py
+--device cuda``: DLPerf's ResNet-50, BERT-base and GPT-2 configurations against
+PyTorch on the same GPU, its table written to ``$OUT/dlperf_cuda.md`` when
+``OUT`` is set (else /tmp).  Under --sim every number is host time of the
+simulator: it only proves the script runs end to end (the DLPerf models would
+take hours there, so --sim skips them).  Installs nothing.
 """
 import argparse
 import glob
@@ -137,6 +141,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sim", action="store_true", help="run in numba's CUDA simulator, tiny sizes")
     ap.add_argument("--skip-checks", action="store_true", help="only the measurements")
+    ap.add_argument("--skip-dlperf", action="store_true", help="no DLPerf model round")
     args = ap.parse_args()
     if args.sim and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
         env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")   # must be set before numba loads
@@ -156,7 +161,19 @@ def main():
     print("| measurement | value | fraction / ratio | target |\n|---|---|---|---|")
     for r in table:
         print("| " + " | ".join(r) + " |")
+    if not (args.sim or args.skip_dlperf):
+        failed = run_dlperf() or failed
     sys.exit(1 if failed else 0)
+
+
+def run_dlperf():
+    """One round of DLPerf's GPU configurations; True when it failed."""
+    out = os.path.join(os.environ.get("OUT") or "/tmp", "dlperf_cuda.md")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "dlperf.py"),
+                           "--device", "cuda", "--rounds", "1", "--out", out])
+    if proc.returncode == 0 and os.path.exists(out):
+        print(open(out).read())
+    return proc.returncode != 0
 
 
 if __name__ == "__main__":
