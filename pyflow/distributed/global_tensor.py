@@ -442,6 +442,15 @@ for _name, _shown in (("numpy", "numpy"), ("tolist", "tolist"), ("item", "item")
 del _name, _shown
 
 
+def replicated(t):
+    """``t`` boxed to broadcast on every placement axis (differentiable); ``t``
+    itself when it is local or already broadcast.  For ops that read whole
+    values outside their Functions (index parsing, batch statistics)."""
+    if t._placement is None or all(s == broadcast for s in t._sbp):
+        return t
+    return t.to_global(t._placement, [broadcast] * len(t._sbp))
+
+
 def distribute_like(t, like):
     """``t``, a local tensor holding the whole logical tensor (the same on every
     rank, e.g. read from a checkpoint), as a global tensor with ``like``'s

@@ -655,6 +655,10 @@ def _inplace(self, op, *others):
     if tuple(res.shape) != tuple(self.shape):
         raise RuntimeError(f"output with shape {tuple(self.shape)} doesn't match the broadcast "
                            f"shape {tuple(res.shape)} of the in-place op")
+    if self._placement is not None and (res._placement != self._placement
+                                        or res._sbp != self._sbp):
+        # a global self keeps its layout: its piece of the result is what it stores
+        res = res.to_global(self._placement, self._sbp)
     if _tracing.note_inplace(self, res):      # a graph trace records the write instead
         return self
     self._data[...] = res._data if res.dtype is self.dtype else res.to(self.dtype)._data

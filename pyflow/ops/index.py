@@ -47,6 +47,35 @@ class _Key:
         self.basic, self.adv = basic, adv
 
 
+# ------------------------------------------------------------------ global tensors
+def _has_global(key):
+    keys = key if isinstance(key, tuple) else (key,)
+    return any(isinstance(k, Tensor) and k._placement is not None for k in keys)
+
+
+def _whole_globals(fn):
+    """Run ``fn`` with its global tensor arguments (index tuples included) boxed
+    to broadcast.  These ops read index values and ``._data`` shapes outside
+    their Functions (parsing a key, checking bounds, building index arrays), so
+    a split or partial-sum argument would be read as its rank's piece; their
+    Functions have the all-broadcast signature anyway.  Differentiable: the
+    boxing is an op, so gradients reach the original layout."""
+    import functools
+
+    def whole(a):
+        if isinstance(a, Tensor) and a._placement is not None:
+            from ..distributed.global_tensor import replicated
+            return replicated(a)
+        if isinstance(a, (tuple, list)):
+            return type(a)(whole(x) for x in a)
+        return a
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*[whole(a) for a in args], **{k: whole(v) for k, v in kwargs.items()})
+    return wrapper
+
+
 def _index_array(obj, what="index"):
     """An int64 or bool NumPy array from a Tensor / ndarray / (nested) list, else None."""
     if isinstance(obj, Tensor):
@@ -351,8 +380,13 @@ def _plain_key(shape, key):
 @tensor_method("__getitem__")
 def getitem(self, key):
     plain = _plain_key(self._data.shape, key)
-    if plain is not None:
+    if plain is not None:          # a view: on a global tensor, the view's own signatures
         return SliceView.apply(self, plain)
+    return _advanced_getitem(self, key)
+
+
+@_whole_globals
+def _advanced_getitem(self, key):
     return _take(self, _parse(self._data.shape, key, array_module(self._data)))
 
 
@@ -375,6 +409,14 @@ def _full_mask_fill(self, key, value):
 
 @tensor_method("__setitem__")
 def setitem(self, key, value):
+    if self._placement is not None or _has_global(key) or (
+            isinstance(value, Tensor) and value._placement is not None):
+        # index_put on the whole tensors, the result written back in self's layout
+        from .elementwise import _inplace
+        key = key if isinstance(key, tuple) else (key,)
+        _inplace(self, lambda s, v: index_put(s, key, v),
+                 _as_value_tensor(value, self, "__setitem__"))
+        return
     if _full_mask_fill(self, key, value):
         return
     parsed = _parse(self._data.shape, key, array_module(self._data))
@@ -389,6 +431,7 @@ def setitem(self, key, value):
     self._version[0] += 1
 
 
+@_whole_globals
 def index_put(input, indices, values, accumulate=False):
     """``out = input.clone(); out[indices] = values`` (``+=`` with accumulate=True)."""
     check_tensor(input, "input", "index_put")
@@ -526,6 +569,7 @@ class ScatterAdd(Function):
 
 
 @tensor_method()
+@_whole_globals
 def gather(input, dim, index, *, sparse_grad=False):
     """out[i][j][k] = input[index[i][j][k]][j][k] (for dim=0), shape of ``index``."""
     d = _gather_args(input, dim, index, "gather")
@@ -533,6 +577,7 @@ def gather(input, dim, index, *, sparse_grad=False):
 
 
 @tensor_method()
+@_whole_globals
 def take_along_dim(input, indices, dim=None):
     check_tensor(input, "input", "take_along_dim")
     _check_index(indices, "take_along_dim", "indices")
@@ -563,6 +608,7 @@ def _scatter_src(input, src, value, op):
 
 
 @tensor_method()
+@_whole_globals
 def scatter(input, dim, index, src=None, *, value=None, reduce=None):
     """out = input.clone(); out[index[i][j]][j] = src[i][j] (dim=0); src may be a number."""
     src = _scatter_src(input, src, value, "scatter")
@@ -583,6 +629,7 @@ def _broadcast_value(value, input, index):
 
 
 @tensor_method()
+@_whole_globals
 def scatter_add(input, dim, index, src):
     """out = input.clone(); out[index[i][j]][j] += src[i][j] (dim=0); duplicates accumulate."""
     check_tensor(src, "src", "scatter_add")
@@ -660,6 +707,7 @@ class IndexAdd(Function):
 
 
 @tensor_method()
+@_whole_globals
 def index_select(input, dim, index):
     check_tensor(input, "input", "index_select")
     d = input._wrap_dim(dim) if input.ndim else input._wrap_dim(dim, 1)
@@ -667,6 +715,7 @@ def index_select(input, dim, index):
 
 
 @tensor_method()
+@_whole_globals
 def index_add(input, dim, index, source, *, alpha=1):
     """out = input.clone(); out.select(dim, index[i]) += alpha * source.select(dim, i)."""
     check_tensor(input, "input", "index_add")

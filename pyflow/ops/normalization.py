@@ -185,6 +185,11 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if not isinstance(momentum, numbers.Real) or isinstance(momentum, Tensor):
         raise TypeError(f"batch_norm(): momentum must be a float, got {momentum!r}")
     dt = input.dtype
+    if training and input._placement is not None:
+        # batch statistics need every sample; they are computed below on the array,
+        # outside any op (BatchNorm itself has the all-broadcast signature)
+        from ..distributed.global_tensor import replicated
+        input = replicated(input)
     x3 = _as_ncs(compute_array(input, dt))
     if training:
         count = x3.shape[0] * x3.shape[2]

@@ -341,14 +341,15 @@ def graph_buckets_and_accumulation():
                                    rtol=1e-10, err_msg=name)
 
 
-ops()
-check("graph data parallel: several buckets, accumulation", graph_buckets_and_accumulation)
-if SIZE == 4:
-    check("2-D data x tensor parallel (eager)", hybrid_2d, None)
-    check("2-D data x tensor parallel (graph)", hybrid_2d, "sequential")
-check("graph training (sequential)", graph_training, "sequential")
-check("graph training (actors)", graph_training, "actors")
-check("deduction picks the cheap signature", deduction)
-check("tensor-parallel MLP", tensor_parallel_block)
-check("data-parallel training with global parameters", global_parameters_train)
-check.report_and_exit()
+if __name__ == "__main__":
+    ops()
+    check("graph data parallel: several buckets, accumulation", graph_buckets_and_accumulation)
+    if SIZE == 4:
+        check("2-D data x tensor parallel (eager)", hybrid_2d, None)
+        check("2-D data x tensor parallel (graph)", hybrid_2d, "sequential")
+    check("graph training (sequential)", graph_training, "sequential")
+    check("graph training (actors)", graph_training, "actors")
+    check("deduction picks the cheap signature", deduction)
+    check("tensor-parallel MLP", tensor_parallel_block)
+    check("data-parallel training with global parameters", global_parameters_train)
+    check.report_and_exit()

@@ -173,3 +173,13 @@ def test_ops_on_global_tensors_against_single_rank(n):
     training with global parameters, against one rank."""
     proc = pyflow_run(n, os.path.join(HERE, "sbp_ops_worker.py"))
     assert_all_ranks_passed(proc, n, 200)
+
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("n", [2, 4])
+def test_every_op_on_global_tensors_against_single_rank(n):
+    """sbp_every_op_worker.py: op by op, every Function class of pyflow.ops (and
+    each unary elementwise op) under every input SBP, forward and backward, and
+    in-place writes into split tensors; it fails if an op class has no case."""
+    proc = pyflow_run(n, os.path.join(HERE, "sbp_every_op_worker.py"))
+    assert_all_ranks_passed(proc, n, 500)
