@@ -12,6 +12,12 @@ so ``math.exp`` is a scalar libm call (5x slower than NumPy's SIMD exp).  For
 float32 we evaluate Cephes' expf polynomial inline, which LLVM vectorizes,
 relative error < 1e-7 over its range (measured against float64); float64
 keeps ``math.exp``.  Row maxima use ``row_max`` (eight independent lanes).
+
+Over the last dim the kernels also take a ``scale`` and a ``causal`` mask:
+softmax(x * scale) with each query row cut at its own position, the fused
+scale + mask + softmax of attention (OneFlow's fused_scale_tril_softmax).
+The masked half of the scores is never read (zeros are written), and no
+scaled copy of q or additive -inf bias is materialized.
 """
 import math
 
@@ -53,29 +59,46 @@ def row_max(r):
 
 
 # ------------------------------------------------------------------ forward
+@njit(**JIT)
+def valid_length(i, n, causal):
+    """Columns row ``i`` keeps: all ``n``, or under a causal mask over
+    ``causal`` query rows per matrix, the keys up to its query position
+    (PyTorch's top-left aligned ``tril``)."""
+    return n if causal == 0 else min(n, i % causal + 1)
+
+
 @njit(parallel=True, **JIT)
-def _rows_forward(x, out, log):
+def _rows_forward(x, out, log, scale, causal):
+    """softmax(x * scale) of each row; with ``causal`` the masked tail of a row is
+    skipped (never read) and written as 0 (log: -inf)."""
     n = x.shape[1]
+    scale = x.dtype.type(scale)        # a float32 row stays float32 (vectorized)
     for i in prange(x.shape[0]):
-        m = row_max(x[i])
+        nv = valid_length(i, n, causal)
+        if scale >= 0:
+            m = row_max(x[i, :nv]) * scale
+        else:
+            m = -row_max(-x[i, :nv]) * scale
         s = x.dtype.type(0.0)
         if log:
             # (x - m) - log(s), stored in two steps: with reassociation allowed the
             # compiler would otherwise form x - (m + log(s)), which rounds m first
-            for j in range(n):
-                out[i, j] = x[i, j] - m
+            for j in range(nv):
+                out[i, j] = x[i, j] * scale - m
                 s += fast_exp(out[i, j])
             logs = math.log(s)
-            for j in range(n):
+            for j in range(nv):
                 out[i, j] -= logs
+            out[i, nv:] = -np.inf
         else:
-            for j in range(n):
-                e = fast_exp(x[i, j] - m)
+            for j in range(nv):
+                e = fast_exp(x[i, j] * scale - m)
                 out[i, j] = e
                 s += e
             inv = 1.0 / s
-            for j in range(n):
+            for j in range(nv):
                 out[i, j] *= inv
+            out[i, nv:] = 0.0
 
 
 @njit(parallel=True, **JIT)
@@ -111,20 +134,25 @@ def _cols_forward(x, out, log):
 # softmax:     dx = y * (g - sum(g * y))
 # log_softmax: dx = g - exp(y) * sum(g)
 @njit(parallel=True, **JIT)
-def _rows_backward(g, y, dx, log):
+def _rows_backward(g, y, dx, log, scale, causal):
+    """The gradient of softmax(x * scale): ``scale`` times the plain one; the
+    causally masked tail gets 0 without being read."""
     n = y.shape[1]
+    scale = y.dtype.type(scale)
     for i in prange(y.shape[0]):
+        nv = valid_length(i, n, causal)
         s = y.dtype.type(0.0)
         if log:
-            for j in range(n):
+            for j in range(nv):
                 s += g[i, j]
-            for j in range(n):
-                dx[i, j] = g[i, j] - fast_exp(y[i, j]) * s
+            for j in range(nv):
+                dx[i, j] = (g[i, j] - fast_exp(y[i, j]) * s) * scale
         else:
-            for j in range(n):
+            for j in range(nv):
                 s += g[i, j] * y[i, j]
-            for j in range(n):
-                dx[i, j] = y[i, j] * (g[i, j] - s)
+            for j in range(nv):
+                dx[i, j] = y[i, j] * (g[i, j] - s) * scale
+        dx[i, nv:] = 0.0
 
 
 @njit(parallel=True, **JIT)
@@ -149,36 +177,53 @@ def _split(shape, dim):
     return outer, shape[dim], inner
 
 
-def _run(rows_kernel, cols_kernel, arrays, dim, log):
+def _run(rows_kernel, cols_kernel, arrays, dim, log, scale, causal):
     """Call the row kernel (inner == 1) or the strided one on (outer, n, inner) views."""
     shape = arrays[0].shape
     out = np.empty(shape, arrays[0].dtype)
     if arrays[0].size == 0:
         return out
     outer, n, inner = _split(shape, dim)
+    arrays = [np.ascontiguousarray(a) for a in arrays]
     if inner == 1:
-        kernel, shape3 = rows_kernel, (outer, n)
+        rows_kernel(*[a.reshape(outer, n) for a in arrays], out.reshape(outer, n), log,
+                    scale, check_causal(causal, shape, dim))
+    elif scale != 1.0 or causal:
+        raise ValueError(f"softmax kernel: scale and causal apply to the last dim only, got "
+                         f"dim={dim} of shape {tuple(shape)}")
     else:
-        kernel, shape3 = cols_kernel, (outer, n, inner)
-    kernel(*[np.ascontiguousarray(a).reshape(shape3) for a in arrays], out.reshape(shape3), log)
+        cols_kernel(*[a.reshape(outer, n, inner) for a in arrays],
+                    out.reshape(outer, n, inner), log)
     return out
 
 
+def check_causal(causal, shape, dim):
+    """Query rows per matrix of a causal mask over the last two dims (0: none)."""
+    if not causal:
+        return 0
+    if len(shape) < 2 or dim != len(shape) - 1:
+        raise ValueError(f"softmax kernel: a causal mask needs (..., L, S) scores and the "
+                         f"last dim, got shape {tuple(shape)} and dim={dim}")
+    return shape[-2]
+
+
+# ``scale`` and ``causal`` (softmax over the last dim only) make these the fused
+# scale + causal-mask + softmax of attention (OneFlow's fused_scale_tril_softmax).
 @register("softmax", "cpu")
-def softmax(x, dim):
-    return _run(_rows_forward, _cols_forward, [x], dim, False)
+def softmax(x, dim, scale=1.0, causal=False):
+    return _run(_rows_forward, _cols_forward, [x], dim, False, float(scale), causal)
 
 
 @register("log_softmax", "cpu")
-def log_softmax(x, dim):
-    return _run(_rows_forward, _cols_forward, [x], dim, True)
+def log_softmax(x, dim, scale=1.0, causal=False):
+    return _run(_rows_forward, _cols_forward, [x], dim, True, float(scale), causal)
 
 
 @register("softmax_backward", "cpu")
-def softmax_backward(g, y, dim):
-    return _run(_rows_backward, _cols_backward, [g, y], dim, False)
+def softmax_backward(g, y, dim, scale=1.0, causal=False):
+    return _run(_rows_backward, _cols_backward, [g, y], dim, False, float(scale), causal)
 
 
 @register("log_softmax_backward", "cpu")
-def log_softmax_backward(g, y, dim):
-    return _run(_rows_backward, _cols_backward, [g, y], dim, True)
+def log_softmax_backward(g, y, dim, scale=1.0, causal=False):
+    return _run(_rows_backward, _cols_backward, [g, y], dim, True, float(scale), causal)

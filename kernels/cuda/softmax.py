@@ -33,6 +33,7 @@ import numpy as np
 from numba import cuda
 from numba import types as nbtypes
 
+from ..cpu.softmax import check_causal
 from ..registry import register
 from . import elementwise as _ew
 from ._memory import (SIM_MAX_BLOCKS, SIM_THREADS, empty, is_device_array, is_host_array,  # noqa: F401
@@ -299,21 +300,25 @@ def device_helpers(acc):
 
 # ------------------------------------------------------------------ kernel functions
 def _softmax_rows(dtype, log):
-    """One block per row of x (rows, n): online max/sum, merge, write."""
+    """One block per row of x (rows, n): online max/sum, merge, write.  Softmax
+    of ``x * scale``; with ``causal`` query rows per matrix, row r keeps the
+    keys up to its position (r % causal) and the rest is written as 0 (log:
+    -inf) without being read."""
     acc, nb = dtype.type, NUMBA_FLOAT[dtype]
     zero, one, neg_inf = acc(0), acc(1), acc(-np.inf)
     helpers = device_helpers(acc)
     block_max_sum, safe_log = helpers["block_max_sum"], helpers["safe_log"]
 
-    def softmax_rows(x, out):
+    def softmax_rows(x, out, scale, causal):
         shm = cuda.shared.array(MAX_WARPS, nb)
         shs = cuda.shared.array(MAX_WARPS, nb)
         rows, n = x.shape
         tid, nt = cuda.threadIdx.x, cuda.blockDim.x
         for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            nv = n if causal == 0 else min(n, r % causal + 1)
             m, s = neg_inf, zero
-            for j in range(tid, n, nt):
-                v = x[r, j]
+            for j in range(tid, nv, nt):
+                v = x[r, j] * scale
                 if v > m:
                     s = s * math.exp(m - v) + one
                     m = v
@@ -323,11 +328,11 @@ def _softmax_rows(dtype, log):
             if log:
                 log_s = safe_log(s)
                 for j in range(tid, n, nt):
-                    out[r, j] = (x[r, j] - m) - log_s
+                    out[r, j] = (x[r, j] * scale - m) - log_s if j < nv else neg_inf
             else:
                 inv = one / s
                 for j in range(tid, n, nt):
-                    out[r, j] = math.exp(x[r, j] - m) * inv
+                    out[r, j] = math.exp(x[r, j] * scale - m) * inv if j < nv else zero
     softmax_rows.__name__ = f"{'log_' if log else ''}softmax_rows_{dtype.name}"
     return softmax_rows
 
@@ -366,24 +371,29 @@ def _softmax_cols(dtype, log):
 # softmax:     dx = y * (g - sum(g * y))
 # log_softmax: dx = g - exp(y) * sum(g)
 def _backward_rows(dtype, log):
+    """The gradient of softmax(x * scale): ``scale`` times the plain one; a
+    causally masked tail gets 0 without being read."""
     acc, nb = dtype.type, NUMBA_FLOAT[dtype]
     zero = acc(0)
     block_sum = device_helpers(acc)["block_sum"]
 
-    def softmax_backward_rows(g, y, dx):
+    def softmax_backward_rows(g, y, dx, scale, causal):
         sh = cuda.shared.array(MAX_WARPS, nb)
         rows, n = y.shape
         tid, nt = cuda.threadIdx.x, cuda.blockDim.x
         for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            nv = n if causal == 0 else min(n, r % causal + 1)
             s = zero
-            for j in range(tid, n, nt):
+            for j in range(tid, nv, nt):
                 s += g[r, j] if log else g[r, j] * y[r, j]
             s = block_sum(s, sh)
             for j in range(tid, n, nt):
-                if log:
-                    dx[r, j] = g[r, j] - math.exp(y[r, j]) * s
+                if j >= nv:
+                    dx[r, j] = zero
+                elif log:
+                    dx[r, j] = (g[r, j] - math.exp(y[r, j]) * s) * scale
                 else:
-                    dx[r, j] = y[r, j] * (g[r, j] - s)
+                    dx[r, j] = y[r, j] * (g[r, j] - s) * scale
     softmax_backward_rows.__name__ = f"{'log_' if log else ''}softmax_backward_rows_{dtype.name}"
     return softmax_backward_rows
 
@@ -408,9 +418,12 @@ def _backward_cols(dtype, log):
     return softmax_backward_cols
 
 
-# name -> (factory(dtype, log), ndim of the arrays, number of arrays)
-_FACTORIES = {"rows": (_softmax_rows, 2, 2), "cols": (_softmax_cols, 3, 2),
-              "backward_rows": (_backward_rows, 2, 3), "backward_cols": (_backward_cols, 3, 3)}
+# name -> (factory(dtype, log), ndim of the arrays, number of arrays, row kernel?)
+# Row kernels also take (scale, causal): scale in the data's dtype (a float64
+# parameter would put float64 instructions in a float32 kernel), causal int64.
+_FACTORIES = {"rows": (_softmax_rows, 2, 2, True), "cols": (_softmax_cols, 3, 2, False),
+              "backward_rows": (_backward_rows, 2, 3, True),
+              "backward_cols": (_backward_cols, 3, 3, False)}
 
 
 def kernel_specs():
@@ -420,12 +433,13 @@ def kernel_specs():
               (nbtypes.float32[::1], nbtypes.UniTuple(nbtypes.int64, 2), nbtypes.int64,
                nbtypes.float64[::1], nbtypes.UniTuple(nbtypes.int64, 2), nbtypes.int64,
                nbtypes.int64, nbtypes.UniTuple(nbtypes.int64, 2)))]
-    for kind, (factory, ndim, nargs) in _FACTORIES.items():
+    for kind, (factory, ndim, nargs, rows) in _FACTORIES.items():
         for dtype in FLOAT_DTYPES:
             for log in (False, True):
                 arr = NUMBA_FLOAT[dtype][(slice(None),) * (ndim - 1) + (slice(None, None, 1),)]
+                scalars = (NUMBA_FLOAT[dtype], nbtypes.int64) if rows else ()
                 specs.append((f"{kind} {dtype.name} log={log}", factory(dtype, log),
-                              (arr,) * nargs))
+                              (arr,) * nargs + scalars))
     return specs
 
 
@@ -448,7 +462,7 @@ def _split(shape, dim, op):
     return math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
 
 
-def _run(op, arrays, dim, log, backward):
+def _run(op, arrays, dim, log, backward, scale=1.0, causal=False):
     dtype = check_float(arrays[0], op, "g" if backward else "x")
     shape = tuple(arrays[0].shape)
     if backward:
@@ -457,6 +471,10 @@ def _run(op, arrays, dim, log, backward):
             raise ValueError(f"{op}: y must match g ({shape}, {dtype}), got "
                              f"{tuple(a.shape)}, {np.dtype(a.dtype)}")
     outer, n, inner = _split(shape, dim, op)
+    causal_rows = check_causal(causal, shape, dim)
+    if inner != 1 and (scale != 1.0 or causal_rows):
+        raise ValueError(f"{op} kernel: scale and causal apply to the last dim only, got "
+                         f"dim={dim} of shape {shape}")
     out = empty(shape, dtype, arrays[0])
     if out.size == 0:
         return out
@@ -465,7 +483,7 @@ def _run(op, arrays, dim, log, backward):
     if inner == 1:
         ins = [as_input(a.reshape(outer, n)) for a in arrays]
         _kernel(prefix + "rows", dtype, log)[row_blocks(outer), row_threads(n), stream()](
-            *ins, out.reshape(outer, n))
+            *ins, out.reshape(outer, n), dtype.type(scale), causal_rows)
     elif outer * inner >= COLUMN_KERNEL_MIN_COLUMNS:
         ins = [as_input(a.reshape(outer, n, inner)) for a in arrays]
         blocks, threads = launch_config(outer * inner)
@@ -476,26 +494,29 @@ def _run(op, arrays, dim, log, backward):
         tmp = empty((outer, inner, n), dtype, out)
         _kernel(prefix + "rows", dtype, log)[row_blocks(outer * inner), row_threads(n),
                                              stream()](
-            *[as_input(a.reshape(outer * inner, n)) for a in rows], tmp.reshape(outer * inner, n))
+            *[as_input(a.reshape(outer * inner, n)) for a in rows], tmp.reshape(outer * inner, n),
+            dtype.type(1), 0)
         copy_into(out.reshape(outer, n, inner).transpose(0, 2, 1), tmp)
     return out
 
 
+# ``scale`` and ``causal`` (last dim only): attention's fused scale + causal
+# mask + softmax (see the CPU module).
 @register("softmax", "cuda")
-def softmax(x, dim):
-    return _run("softmax", [x], dim, False, False)
+def softmax(x, dim, scale=1.0, causal=False):
+    return _run("softmax", [x], dim, False, False, scale, causal)
 
 
 @register("log_softmax", "cuda")
-def log_softmax(x, dim):
-    return _run("log_softmax", [x], dim, True, False)
+def log_softmax(x, dim, scale=1.0, causal=False):
+    return _run("log_softmax", [x], dim, True, False, scale, causal)
 
 
 @register("softmax_backward", "cuda")
-def softmax_backward(g, y, dim):
-    return _run("softmax_backward", [g, y], dim, False, True)
+def softmax_backward(g, y, dim, scale=1.0, causal=False):
+    return _run("softmax_backward", [g, y], dim, False, True, scale, causal)
 
 
 @register("log_softmax_backward", "cuda")
-def log_softmax_backward(g, y, dim):
-    return _run("log_softmax_backward", [g, y], dim, True, True)
+def log_softmax_backward(g, y, dim, scale=1.0, causal=False):
+    return _run("log_softmax_backward", [g, y], dim, True, True, scale, causal)

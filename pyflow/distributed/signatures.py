@@ -224,7 +224,10 @@ def _register_rows():
     register_rule(reduce.Sum)(_reduce_rule(linear=True))
     register_rule(reduce.Mean)(_reduce_rule(linear=True, mean=True))
     register_rule(reduce._AExtreme)(_reduce_rule(linear=False))
-    register_rule(softmax._SoftmaxBase)(_rows_rule(lambda a: (a[1] % max(a[0].ndim, 1),)))
+    def softmax_dims(a):      # a causal mask reads each row's position in dim -2 too
+        dim = a[1] % max(a[0].ndim, 1)
+        return (dim - 1, dim) if len(a) > 3 and a[3] else (dim,)
+    register_rule(softmax._SoftmaxBase)(_rows_rule(softmax_dims))
     register_rule(normalization.LayerNorm)(
         _rows_rule(lambda a: tuple(range(a[0].ndim - len(a[3]), a[0].ndim))))
 

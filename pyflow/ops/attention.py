@@ -2,10 +2,14 @@
 
     softmax(q @ k^T * scale + bias) @ v
 
-Autograd flows through matmul, softmax and the additive bias, so there is no
-backward here.  Boolean masks (True = attend, as in PyTorch) and the causal
-mask become an additive bias of 0 / -inf built once in NumPy; a float mask is
-added as it is (and gets a gradient if it requires one).
+Autograd flows through matmul and softmax, so there is no backward here.
+Without a mask, or with ``is_causal``, the scale and the causal mask are fused
+into the softmax kernel (``softmax(scores, scale=, causal=)``, OneFlow's
+fused_scale_tril_softmax): no scaled copy of q, no L x S bias tensor and no
+add, and the masked half of every row is neither read nor exponentiated,
+forward or backward.  Boolean masks (True = attend, as in PyTorch) become an
+additive bias of 0 / -inf built once; a float mask is added as it is (and gets
+a gradient if it requires one).
 """
 import math
 
@@ -60,14 +64,6 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal):
 
 
 @recordable
-def _causal_bias(L, S, dtype, device):
-    """0 on and below the diagonal, -inf above (built where the scores are)."""
-    from .creation import full
-    from .join import triu
-    return triu(full((L, S), -np.inf, dtype=dtype, device=device), 1)
-
-
-@recordable
 def _mask_bias(keep, dtype):
     """0 where the boolean mask keeps a position, -inf elsewhere."""
     xp = array_module(keep._data)
@@ -79,7 +75,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """Attention of query (..., L, E) over key (..., S, E) and value (..., S, Ev)."""
     from .dropout import dropout
     from .linalg import matmul
-    from .softmax import softmax
+    from .softmax import Softmax
     _validate(query, key, value, attn_mask, dropout_p, is_causal)
     if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
         hq, hk = query.shape[-3], key.shape[-3]
@@ -90,16 +86,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         key, value = _repeat_heads(key, hq // hk), _repeat_heads(value, hq // hk)
     check_same_device("scaled_dot_product_attention", ("query", query), key=key, value=value,
                       attn_mask=attn_mask)
-    L, S = query.shape[-2], key.shape[-2]
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    scores = matmul(query * scale, key.transpose(-2, -1))
-    if is_causal:
-        scores = scores + _causal_bias(L, S, scores.dtype, scores.device)
-    elif attn_mask is not None and attn_mask.dtype is _dt.bool:
-        scores = scores + _mask_bias(attn_mask, scores.dtype)
-    elif attn_mask is not None:
-        scores = scores + attn_mask
-    attn = softmax(scores, -1)
+    if attn_mask is None:       # no mask or causal: scale and mask fused into the softmax
+        scores = matmul(query, key.transpose(-2, -1))
+        attn = Softmax.apply(scores, scores.ndim - 1, scale, bool(is_causal))
+    else:
+        scores = matmul(query * scale, key.transpose(-2, -1))
+        bias = _mask_bias(attn_mask, scores.dtype) if attn_mask.dtype is _dt.bool else attn_mask
+        attn = Softmax.apply(scores + bias, scores.ndim - 1)
     if dropout_p > 0.0:
         attn = dropout(attn, dropout_p)
     return matmul(attn, value)

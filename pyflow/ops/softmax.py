@@ -14,27 +14,38 @@ __all__ = ["softmax", "log_softmax"]
 
 
 class _SoftmaxBase(Function):
+    """softmax(x * scale) along ``dim``; ``causal`` (last dim only) masks each
+    query row of the (..., L, S) scores past its position.  scale and causal
+    are attention's (``scaled_dot_product_attention``); plain softmax has 1 and
+    False."""
     log = False
 
     @classmethod
-    def forward(cls, ctx, x, dim):
+    def forward(cls, ctx, x, dim, scale=1.0, causal=False):
         name = "log_softmax" if cls.log else "softmax"
-        y = wrap(kernel(name, x.device.type)(compute_array(x, x.dtype), dim), x.dtype, x.device)
-        ctx.dim = dim
+        if causal and cls.log:      # its composed backward below assumes y == 0 when masked
+            raise ValueError("log_softmax: no causal mask (attention's is a softmax)")
+        y = wrap(kernel(name, x.device.type)(compute_array(x, x.dtype), dim, scale=scale,
+                                             causal=causal), x.dtype, x.device)
+        ctx.dim, ctx.scale, ctx.causal = dim, scale, causal
         ctx.save_for_backward(y)
         return y
 
     @classmethod
     def backward(cls, ctx, g):
         (y,) = ctx.saved_tensors
-        dim = ctx.dim
+        dim, scale = ctx.dim, ctx.scale
         if is_grad_enabled():
+            # masked entries: y == 0 (softmax) zeroes them; log_softmax is never masked
             if cls.log:
-                return g - y.exp() * g.sum(dim, keepdim=True), None
-            return y * (g - (g * y).sum(dim, keepdim=True)), None
+                dx = g - y.exp() * g.sum(dim, keepdim=True)
+            else:
+                dx = y * (g - (g * y).sum(dim, keepdim=True))
+            return (dx if scale == 1.0 else dx * scale), None, None, None
         name = "log_softmax_backward" if cls.log else "softmax_backward"
-        dx = kernel(name, y.device.type)(compute_array(g, y.dtype), compute_array(y, y.dtype), dim)
-        return wrap(dx, y.dtype, y.device), None
+        dx = kernel(name, y.device.type)(compute_array(g, y.dtype), compute_array(y, y.dtype), dim,
+                                         scale=scale, causal=ctx.causal)
+        return wrap(dx, y.dtype, y.device), None, None, None
 
 
 class Softmax(_SoftmaxBase):

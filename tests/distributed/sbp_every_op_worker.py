@@ -87,7 +87,8 @@ CASES = {
                                                                       (2 * n,)], ()),
     "BatchNorm": (lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
                   [(2 * n, n, 2), (n,), (n,)], ()),
-    "_SoftmaxBase": (lambda a: F.softmax(a, -1) + F.log_softmax(a, 0), [(n, 2 * n)], ()),
+    "_SoftmaxBase": (lambda a: F.softmax(a, -1) + F.log_softmax(a, 0)
+                     + F.scaled_dot_product_attention(a, a, a, is_causal=True), [(n, 2 * n)], ()),
 }
 # Created only by another op's backward (the op named), so swept with it.
 HELPERS = {"SliceScatter": "SliceView", "Conv2dInputGrad": "Conv2d",

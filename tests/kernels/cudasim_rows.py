@@ -114,6 +114,12 @@ def check_softmax(dtype):
         special[1, :] = -np.inf               # a fully masked row: NaN, as on the CPU
         special[2, 3] = np.nan
         check(name, "-inf and NaN", [special, 1], dtype)
+        for shape, scale in (((2, 5, 40), 0.3), ((7, 3), -0.7)):   # attention's fused form
+            check(name, f"scale {scale}, causal {shape}", [rand(shape, dtype), len(shape) - 1,
+                                                           scale, True], dtype)
+        check(name, "scale 2, no mask", [rand((3, 9), dtype), 1, 2.0, False], dtype)
+        expect_error(f"{name} causal over dim 0", lambda: registry.get(name, "cuda")(
+            rand((4, 3), dtype), 0, 1.0, True), ValueError, "causal mask needs (..., L, S)")
         check(name, "dim 1 of (2, 4, 3), transpose path", [rand((2, 4, 3), dtype), 1], dtype)
         check(name, "dim 0 of (5, 3), transpose path", [rand((5, 3), dtype), 0], dtype)
         cuda_softmax.COLUMN_KERNEL_MIN_COLUMNS = 1
@@ -132,6 +138,11 @@ def check_softmax(dtype):
         x = rand((2, 5), dtype)
         check(name, "transposed g", [transposed(rand((3, 2, 5), dtype))[0],
                                      registry.get(fwd, "cpu")(x, 1), 1], dtype)
+        for shape, scale in (((2, 5, 40), 0.3), ((7, 3), -0.7)):
+            extra = (scale, name == "softmax_backward")      # causal softmax, scaled both
+            y = registry.get(fwd, "cpu")(rand(shape, dtype), len(shape) - 1, *extra)
+            check(name, f"scale {scale}, causal {extra[1]} {shape}",
+                  [rand(shape, dtype), y, len(shape) - 1, *extra], dtype)
 
 
 # ------------------------------------------------------------------ normalization

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import pyflow as pf
-from tests.helpers import assert_close, check_grad, needs_torch, torch
+from tests.helpers import assert_close, check_grad, needs_torch, to_numpy, torch
 
 sdpa = pf.scaled_dot_product_attention
 
@@ -69,6 +69,56 @@ def test_causal_with_more_keys_than_queries_matches_torch_convention():
     out = sdpa(pf.tensor(q), pf.tensor(k), pf.tensor(v), is_causal=True)
     assert_close(out[0], v[0], rtol=1e-12)            # the first query sees only key 0
     assert_close(out, np_attention(q, k, v, causal=True), rtol=1e-12)
+
+
+@pytest.mark.parametrize("L, S, scale", [(5, 3, 0.7), (3, 5, -0.4), (4, 4, 0.7)])
+def test_fused_scale_and_causal_mask_gradients(L, S, scale):
+    """The fused path (scale and causal mask inside the softmax kernel): more
+    queries than keys, more keys than queries, a negative scale; batch dims."""
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal(s) for s in ((2, L, 3), (2, S, 3), (2, S, 2)))
+    assert_close(sdpa(pf.tensor(q), pf.tensor(k), pf.tensor(v), is_causal=True, scale=scale),
+                 np_attention(q, k, v, causal=True, scale=scale), rtol=1e-12)
+    check_grad(lambda a, b, c: sdpa(a, b, c, is_causal=True, scale=scale), [q, k, v])
+
+
+def test_causal_double_backward():
+    """Gradients of gradients through the fused softmax: its backward composed
+    of ops (create_graph) equals the kernel's, and is differentiated right."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((3, 2)) for _ in range(3))
+    a, b, c = (pf.tensor(x, requires_grad=True) for x in (q, k, v))
+    composed = pf.autograd.grad(sdpa(a, b, c, is_causal=True).square().sum(), [a, b],
+                                create_graph=True)
+    fused = pf.autograd.grad(sdpa(a, b, c, is_causal=True).square().sum(), [a, b])
+    for x, y in zip(composed, fused):
+        assert_close(x, to_numpy(y), rtol=1e-12)
+
+    def grad_norm(a, b, c):
+        if not a.requires_grad:             # finite differences evaluate without grad
+            a = a.detach().requires_grad_(True)
+        out = sdpa(a, b, c, is_causal=True)
+        (ga,) = pf.autograd.grad((out * out).sum(), [a], create_graph=True)
+        return (ga * ga).sum()
+    check_grad(grad_norm, [q, k, v])
+
+
+@pytest.mark.cpu_only   # the CPU backend's float32 loops; cudasim_rows.py checks the CUDA rows
+def test_long_float32_rows_match_float64():
+    """T = 130: the vectorized float32 row loops (8-lane maxima, remainders) and
+    the masked tails, forward and backward, against the float64 result."""
+    rng = np.random.default_rng(8)
+    arrays = [rng.standard_normal((2, 130, 16)) for _ in range(3)]
+    g = rng.standard_normal((2, 130, 16))
+    grads = []
+    for dtype in (pf.float32, pf.float64):
+        ts = [pf.tensor(a, dtype=dtype, requires_grad=True) for a in arrays]
+        out = sdpa(*ts, is_causal=True)
+        out.backward(pf.tensor(g, dtype=dtype))
+        grads.append([out] + [t.grad for t in ts])
+    assert_close(grads[1][0], np_attention(*arrays, causal=True), rtol=1e-12)
+    for ours, exact in zip(grads[0], grads[1]):
+        assert_close(ours, to_numpy(exact), rtol=1e-4, atol=1e-5)
 
 
 def test_grouped_query_attention():
