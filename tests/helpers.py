@@ -69,6 +69,15 @@ def make_input(rng, shape, layout="contiguous", dtype=np.float64, low=-2.0, high
     return values, t
 
 
+# ----------------------------------------------------------------- graph executors
+def executors(*names):
+    """``names`` as parameters of a test's "executor" argument.  Executors
+    differ only in how they schedule the same kernels, which the CPU run
+    tests; the simulated-cuda run (``-m "not cpu_only"``) takes the default
+    executor, "actors", alone, so its minutes go to the kernels."""
+    return [n if n == "actors" else pytest.param(n, marks=pytest.mark.cpu_only) for n in names]
+
+
 # ----------------------------------------------------------------- checks
 def to_numpy(t):
     return np.asarray(t.detach()._host()) if isinstance(t, pf.Tensor) else np.asarray(t)

@@ -7,10 +7,11 @@ import pytest
 
 import pyflow as pf
 from bench.models_both import small_cnn, transformer_block
+from tests.helpers import executors
 
 # "actors" merges each stream's consecutive actors into chains (the default);
 # "actors-per-op" keeps one actor per op (pyflow.runtime.chains).
-EXECUTORS = ["sequential", "actors", "actors-per-op"]
+EXECUTORS = executors("sequential", "actors", "actors-per-op")
 
 
 def set_executor(graph, executor):

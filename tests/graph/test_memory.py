@@ -10,8 +10,9 @@ import pyflow as pf
 from bench.graph_memory import step_peak
 from bench.models_both import transformer_block
 from pyflow.graph.executor import _alone
+from tests.helpers import executors
 
-EXECUTORS = ["sequential", "actors"]
+EXECUTORS = executors("sequential", "actors")
 
 
 class Residual(pf.nn.Module):

@@ -12,6 +12,7 @@ from hypothesis import given, strategies as st
 import pyflow as pf
 from pyflow.graph.passes.model_update import MultiTensorUpdate, ParamUpdate
 from pyflow.ops._util import kernel
+from tests.helpers import executors
 
 
 class TwoDtypes(pf.nn.Module):
@@ -70,7 +71,7 @@ def _host(t):
     return t.detach().cpu().numpy()
 
 
-@pytest.mark.parametrize("executor", ["sequential", "actors"])
+@pytest.mark.parametrize("executor", executors("sequential", "actors"))
 @pytest.mark.parametrize("opt", ["sgd", "nesterov", "adamw"])
 def test_fused_update_equals_unfused_and_eager(opt, executor):
     eager, plain, fused = _models(3)

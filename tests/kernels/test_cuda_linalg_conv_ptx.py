@@ -10,9 +10,7 @@ import pytest
 from numba import types as nbtypes
 
 from pyflow.kernels.cuda import conv, linalg, pool
-from tests.kernels.cudatools import CCS, compile_ptx
-
-CC_IDS = [f"sm_{a}{b}" for a, b in CCS]
+from tests.kernels.cudatools import compile_ptx, compile_ptx_all
 
 
 def _gemm_specs():
@@ -27,15 +25,15 @@ def _gemm_specs():
     return specs
 
 
-@pytest.mark.parametrize("cc", CCS, ids=CC_IDS)
 @pytest.mark.parametrize("spec", _gemm_specs(),
                          ids=lambda s: f"{s[0].name}-{s[1].BM}x{s[1].BN}-{int(s[2])}{int(s[3])}"
                                        f"{'-bias' if s[4] else ''}")
-def test_gemm_compiles(spec, cc, monkeypatch):
+def test_gemm_compiles(spec, monkeypatch):
     dtype = spec[0]
-    ptx = compile_ptx(linalg.gemm_function(*spec), linalg.gemm_signature(dtype, 2), cc,
-                      monkeypatch)
-    assert "ld.shared" in ptx and "bar.sync" in ptx       # tiles go through shared memory
+    ptxes = compile_ptx_all(linalg.gemm_function(*spec), linalg.gemm_signature(dtype, 2),
+                            monkeypatch)
+    for (major, minor), ptx in ptxes.items():      # tiles go through shared memory
+        assert "ld.shared" in ptx and "bar.sync" in ptx, f"sm_{major}{minor}: no shared tiles"
 
 
 def test_float32_gemm_stays_in_registers_and_float32(monkeypatch):
@@ -49,23 +47,22 @@ def test_float32_gemm_stays_in_registers_and_float32(monkeypatch):
         assert ptx.count("fma.rn.f32") >= tile.TM * tile.TN
 
 
-@pytest.mark.parametrize("cc", CCS, ids=CC_IDS)
 @pytest.mark.parametrize("dtype", conv.DTYPES, ids=str)
 @pytest.mark.parametrize("module", [conv, pool], ids=["conv", "pool"])
-def test_conv_and_pool_kernels_compile(module, dtype, cc, monkeypatch):
+def test_conv_and_pool_kernels_compile(module, dtype, monkeypatch):
     kernels = module.signatures(dtype)
     assert len(kernels) == 5
     for name, (fn, signature) in kernels.items():
-        ptx = compile_ptx(fn, signature, cc, monkeypatch)
-        if dtype == np.float32:
-            f64 = [line for line in ptx.splitlines() if ".f64" in line]
-            assert not f64, f"{name}: float64 instructions in a float32 kernel: {f64[:3]}"
+        for (major, minor), ptx in compile_ptx_all(fn, signature, monkeypatch).items():
+            if dtype == np.float32:
+                f64 = [line for line in ptx.splitlines() if ".f64" in line]
+                assert not f64, \
+                    f"{name} sm_{major}{minor}: float64 instructions in a float32 kernel: {f64[:3]}"
 
 
-@pytest.mark.parametrize("cc", CCS, ids=CC_IDS)
-def test_cublas_bias_kernel_compiles(cc, monkeypatch):
+def test_cublas_bias_kernel_compiles(monkeypatch):
     arr = nbtypes.float32[::1]
-    compile_ptx(linalg._add_rows_function(), (arr, arr, nbtypes.int64), cc, monkeypatch)
+    compile_ptx_all(linalg._add_rows_function(), (arr, arr, nbtypes.int64), monkeypatch)
 
 
 def test_production_tiles_fit_a_block():

@@ -9,48 +9,30 @@ is none, so the test stands in a device of the target compute capability.
 The strided kernel is specialised per number of dimensions; it is compiled
 here for 3 (the index math is the same loop for any count).
 """
-import types
-
 import numpy as np
 import pytest
 
-from numba import cuda  # noqa: E402
-import numba.cuda.dispatcher as cuda_dispatcher  # noqa: E402
-
-from pyflow.kernels.cuda import elementwise as ew  # noqa: E402
-
-CCS = [(8, 0), (9, 0)]
+from pyflow.kernels.cuda import elementwise as ew
+from tests.kernels.cudatools import compile_ptx, compile_ptx_all
 
 
-def _compile(name, cc, monkeypatch):
-    monkeypatch.setattr(cuda_dispatcher, "get_current_device",
-                        lambda: types.SimpleNamespace(compute_capability=cc))
+@pytest.mark.parametrize("name", sorted(ew.OPS))
+def test_kernels_compile_to_ptx(name, monkeypatch):
     compiled = 0
     for dtype in ew.supported_dtypes(name):
         for layout in ew.LAYOUTS:
-            kernel = ew.kernel_function(name, dtype, layout)   # fresh device functions per cc
-            ptx, _ = cuda.compile_ptx(kernel, ew.kernel_signature(name, dtype, layout),
-                                      cc=cc)
-            assert f".target sm_{cc[0]}{cc[1]}" in ptx, ptx[:400]
+            kernel = ew.kernel_function(name, dtype, layout)   # fresh device functions
+            compile_ptx_all(kernel, ew.kernel_signature(name, dtype, layout), monkeypatch)
             compiled += 1
-    return compiled
-
-
-@pytest.mark.parametrize("cc", CCS, ids=lambda cc: f"sm_{cc[0]}{cc[1]}")
-@pytest.mark.parametrize("name", sorted(ew.OPS))
-def test_kernels_compile_to_ptx(name, cc, monkeypatch):
-    assert _compile(name, cc, monkeypatch) == 2 * len(ew.supported_dtypes(name))
+    assert compiled == 2 * len(ew.supported_dtypes(name))
 
 
 def test_float32_kernels_stay_in_float32(monkeypatch):
     """float32 math must not fall back to float64 (2x-64x slower on a GPU)."""
-    monkeypatch.setattr(cuda_dispatcher, "get_current_device",
-                        lambda: types.SimpleNamespace(compute_capability=(9, 0)))
     for name in ("add", "relu", "gelu", "gelu_tanh_backward", "silu", "sigmoid", "log"):
         for dtype in (np.float32, np.float16):
-            ptx, _ = cuda.compile_ptx(ew.kernel_function(name, dtype, "contiguous"),
-                                      ew.kernel_signature(name, dtype, "contiguous"),
-                                      cc=(9, 0))
+            ptx = compile_ptx(ew.kernel_function(name, dtype, "contiguous"),
+                              ew.kernel_signature(name, dtype, "contiguous"), (9, 0), monkeypatch)
             f64 = [line for line in ptx.splitlines() if ".f64" in line]
             assert not f64, f"{name} {np.dtype(dtype)}: float64 instructions {f64[:3]}"
 

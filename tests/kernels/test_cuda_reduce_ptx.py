@@ -17,11 +17,10 @@ import numpy as np
 import pytest
 
 from pyflow.kernels.cuda import reduce as cr
-from tests.kernels.cudatools import CCS, compile_ptx
+from tests.kernels.cudatools import compile_ptx, compile_ptx_all
 
 SPECS = cr.kernel_specs()
 IDS = [label for label, _, _ in SPECS]
-CC_IDS = [f"sm_{a}{b}" for a, b in CCS]
 TEMPLATE_SPECS = ["sum f32", "max_dim int32", "all f32", "logsumexp expdev f32"]
 SHAPES = [("column", False), ("column", True), ("row", True), ("combine", False)]
 F64_MATH = re.compile(r"\s*(add|sub|mul|fma|div|rcp|sqrt|setp|max|min|abs|neg|ex2|lg2)"
@@ -30,29 +29,26 @@ SCANS = [(np.float64, np.float32, np.float32), (np.int64, np.int64, np.uint8),
          (np.int64, np.int64, np.int32), (np.float64, np.float64, np.float64)]
 
 
-@pytest.mark.parametrize("cc", CCS, ids=CC_IDS)
 @pytest.mark.parametrize("label,spec,dtype", SPECS, ids=IDS)
-def test_row_kernel_of_every_spec_compiles(label, spec, dtype, cc, monkeypatch):
-    compile_ptx(cr.kernel_function(spec, "row"), cr.kernel_signature(spec, "row", dtype),
-                cc, monkeypatch)
+def test_row_kernel_of_every_spec_compiles(label, spec, dtype, monkeypatch):
+    compile_ptx_all(cr.kernel_function(spec, "row"), cr.kernel_signature(spec, "row", dtype),
+                    monkeypatch)
 
 
-@pytest.mark.parametrize("cc", CCS, ids=CC_IDS)
 @pytest.mark.parametrize("label", TEMPLATE_SPECS)
-def test_every_kernel_shape_compiles(label, cc, monkeypatch):
+def test_every_kernel_shape_compiles(label, monkeypatch):
     _, spec, dtype = SPECS[IDS.index(label)]
     for shape, partial in SHAPES:
         # a 2-D kept and a 2-D reduced layout: the unravelling loop is generated
         signature = cr.kernel_signature(spec, shape, dtype, partial, kept_ndim=2, red_ndim=2)
-        compile_ptx(cr.kernel_function(spec, shape, partial), signature, cc, monkeypatch)
+        compile_ptx_all(cr.kernel_function(spec, shape, partial), signature, monkeypatch)
 
 
-@pytest.mark.parametrize("cc", CCS, ids=CC_IDS)
 @pytest.mark.parametrize("shape", ["row", "column"])
-def test_cumsum_kernels_compile(shape, cc, monkeypatch):
+def test_cumsum_kernels_compile(shape, monkeypatch):
     for acc, out, dtype in SCANS:
-        compile_ptx(cr.scan_kernel_function(acc, out, shape),
-                    cr.scan_kernel_signature(dtype, out), cc, monkeypatch)
+        compile_ptx_all(cr.scan_kernel_function(acc, out, shape),
+                        cr.scan_kernel_signature(dtype, out), monkeypatch)
 
 
 @pytest.mark.parametrize("label", ["sum f32", "mean f32", "var sqdev f32",
