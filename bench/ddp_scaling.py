@@ -13,6 +13,12 @@ is the gradient reduction and the contention for the machine, not the
 wrapper.  The runs alternate (pyflow 1, pyflow 2, torch 1, torch 2) for
 ``--rounds`` rounds and the medians are kept.
 
+A third row, "pyflow, no reduction", runs the same 1- and 2-rank jobs with
+the model not wrapped in DDP: no gradient is reduced, so its efficiency is
+what the machine alone allows (two ranks on two cores share caches, memory
+bandwidth and clock headroom).  The gap between it and the DDP row is what
+the gradient reduction costs.
+
 Target (issue 5): pyflow's efficiency >= 90%.  Run:
 ``python bench/ddp_scaling.py [--rounds 2 --steps 8 --batch 4 --layers 4]``.
 """
@@ -25,6 +31,10 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+LIBS = ("pyflow", "pyflow-local", "torch")     # pyflow-local: no DDP, no reduction
+LABELS = {"pyflow": "pyflow", "pyflow-local": "pyflow, no reduction", "torch": "torch"}
 
 
 def worker(lib_name, steps, warmup, batch, layers):
@@ -45,7 +55,11 @@ def worker(lib_name, steps, warmup, batch, layers):
     else:
         import pyflow as lib
         import pyflow.comm as comm
-        DDP = lib.nn.parallel.DistributedDataParallel
+        if lib_name == "pyflow-local":
+            def DDP(module):        # each rank trains alone: the machine's share only
+                return module
+        else:
+            DDP = lib.nn.parallel.DistributedDataParallel
         barrier = comm.world().barrier
     from bench.models_both import gpt_mini
     lib.manual_seed(0)
@@ -95,22 +109,22 @@ def measure(lib_name, n, steps, warmup, batch, layers):
 
 
 def run(rounds, steps, warmup, batch, layers):
-    t = {(lib, n): [] for lib in ("pyflow", "torch") for n in (1, 2)}
+    t = {(lib, n): [] for lib in LIBS for n in (1, 2)}
     for _ in range(rounds):
         for key in t:
             t[key].append(measure(*key, steps, warmup, batch, layers))
     med = {k: statistics.median(v) for k, v in t.items()}
     rows = []
-    for lib in ("pyflow", "torch"):
+    for lib in LIBS:
         one, two = batch / med[(lib, 1)], batch / med[(lib, 2)]
-        rows.append([lib, f"{med[(lib, 1)] * 1e3:.0f}", f"{one:.2f}", f"{med[(lib, 2)] * 1e3:.0f}",
+        rows.append([LABELS[lib], f"{med[(lib, 1)] * 1e3:.0f}", f"{one:.2f}", f"{med[(lib, 2)] * 1e3:.0f}",
                      f"{two:.2f}", f"{100 * two / one:.0f}%"])
     return rows, med
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--worker", choices=["pyflow", "torch"])
+    ap.add_argument("--worker", choices=LIBS)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)

@@ -51,7 +51,9 @@ class Bucket:
                 flat[offset:offset + n] = p.grad._data.reshape(-1)
             offset += n
 
-    def unpack(self):
+    def unpack(self, scale=None):
+        """Copy the reduced values into the ``.grad``s, times ``scale`` if given
+        (the mean's 1/size folded into this copy instead of a pass of its own)."""
         flat = self.flat._data
         offset = 0
         for p in self.params:
@@ -60,9 +62,19 @@ class Bucket:
             if p.grad is None:
                 import pyflow
                 p.grad = pyflow.empty(tuple(p.shape), dtype=p.dtype, device=p.device)
-            p.grad._data[...] = piece
+            if scale is None:
+                p.grad._data[...] = piece
+            else:
+                np.multiply(piece, piece.dtype.type(scale), out=p.grad._data)
             p.grad._version[0] += 1
             offset += n
+
+    def scales_on_unpack(self):
+        """True when the mean's 1/size can ride on ``unpack``: host float32/float64
+        buffers (half types are reduced in float32 by the communicator, and device
+        buffers are not NumPy arrays)."""
+        import pyflow
+        return self.device.type == "cpu" and self.dtype in (pyflow.float32, pyflow.float64)
 
 
 class GradBucketer:
@@ -110,26 +122,45 @@ class GradBucketer:
             current[1] += size
         return [Bucket(members) for members, _ in buckets if members]
 
-    def start_bucket(self, i):
-        """Pack bucket ``i`` and post its non-blocking all_reduce."""
+    def _op_and_scale(self, bucket):
+        """(reduce op, scale for unpack): a mean is a sum scaled while unpacking
+        where the bucket allows it (one pass over the buffer fewer)."""
+        if not self.average:
+            return "sum", None
+        if bucket.scales_on_unpack():
+            return "sum", 1.0 / self.comm.size
+        return "avg", None
+
+    def start_bucket(self, i, blocking=False):
+        """Pack bucket ``i`` and post its all_reduce: non-blocking, or with
+        ``blocking`` (when nothing is left to overlap it with) a blocking one,
+        which MPI runs as its tuned collective.  Open MPI's non-blocking
+        all_reduce (libnbc) took 4.7 ms for 13 MB on 2 ranks here, against
+        1.8 ms blocking, and without a progress thread it advances only inside
+        MPI calls anyway."""
         bucket = self.buckets[i]
         bucket.pack()
         self.collectives += 1
-        self._pending[i] = self.comm.iall_reduce(bucket.flat, "avg" if self.average else "sum")
+        op, _ = self._op_and_scale(bucket)
+        if blocking:
+            self.comm.all_reduce(bucket.flat, op)
+            self._pending[i] = None
+        else:
+            self._pending[i] = self.comm.iall_reduce(bucket.flat, op)
 
     def finish_bucket(self, i):
         """Wait for bucket ``i``'s all_reduce and copy the results into the ``.grad``s."""
-        self._pending.pop(i).wait()
-        self.buckets[i].unpack()
+        work = self._pending.pop(i)
+        if work is not None:
+            work.wait()
+        bucket = self.buckets[i]
+        bucket.unpack(self._op_and_scale(bucket)[1])
 
     def reduce(self):
         """All-reduce every gradient, one collective per bucket."""
-        op = "avg" if self.average else "sum"
-        for bucket in self.buckets:
-            bucket.pack()
-            self.collectives += 1
-            self.comm.all_reduce(bucket.flat, op)
-            bucket.unpack()
+        for i in range(len(self.buckets)):
+            self.start_bucket(i, blocking=True)
+            self.finish_bucket(i)
 
     def __repr__(self):
         sizes = ", ".join(f"{b.dtype.name}/{b.device}:{len(b.params)}p/{b.nbytes}B"

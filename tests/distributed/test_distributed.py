@@ -200,7 +200,9 @@ def test_ddp_world_of_one_matches_plain_module():
         wrapped(x).square().mean().backward()
     for p, q in zip(plain.parameters(), wrapped.module.parameters()):
         np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), rtol=1e-12)
-    assert wrapped.bucketer.collectives == 2 * len(wrapped.bucketer.buckets) == 8
+    # a world of one reduces nothing: the local gradient is the average (the
+    # buckets and hooks run on 2 and 4 ranks in ddp_worker.py)
+    assert len(wrapped.bucketer.buckets) == 4 and wrapped.bucketer.collectives == 0
     assert list(wrapped.state_dict())[0] == "module.0.weight"
 
 

@@ -26,7 +26,12 @@ neither a post-accumulate hook nor an end-of-backward callback, so:
 * the hook of the last parameter to become ready is the end of backward for
   this module: it waits for every bucket, copies the averages into the
   ``.grad``s (``finish_bucket``), and returns a zero gradient for its own
-  parameter, whose ``.grad`` already holds the average.
+  parameter, whose ``.grad`` already holds the average;
+* the final bucket can only complete there, so its all_reduce is a blocking
+  one (MPI's tuned collective: 1.8 ms for 13 MB on 2 ranks here, against
+  4.7 ms for Open MPI's non-blocking one), and the mean's 1/size is applied
+  while copying back (``Bucket.unpack``), not in a pass of its own;
+* in a world of one the local gradient is the average: no bucket is packed.
 
 An autograd change would make this simpler and cheaper: a
 ``Tensor.register_post_accumulate_grad_hook`` (called after ``_accumulate``
@@ -124,6 +129,11 @@ class DistributedDataParallel(Module):
                                f"one backward pass")
         from pyflow import autograd
         self._seen.add(id(p))
+        last = len(self._seen) == self._n_params
+        if self.comm.size == 1:     # a world of one: the local gradient is the average
+            if last:
+                self._reset()
+            return None
         i = self._bucket_of[id(p)]
         self._ready[i] += 1
         buckets = self.bucketer.buckets
@@ -136,11 +146,15 @@ class DistributedDataParallel(Module):
             try:
                 while self._next < len(buckets) and \
                         self._ready[self._next] == len(buckets[self._next].params):
-                    self.bucketer.start_bucket(self._next)
+                    # The final bucket is only ever complete at the end of backward (the
+                    # buckets post in index order), so nothing is left to overlap it
+                    # with: blocking.  The same choice on every rank, as MPI needs.
+                    final = self._next == len(buckets) - 1
+                    self.bucketer.start_bucket(self._next, blocking=final)
                     self._next += 1
             finally:
                 p.grad = accumulated
-        if len(self._seen) < self._n_params:
+        if not last:
             return None
         # The last gradient of this backward: wait for every bucket, store the averages.
         for j in range(len(buckets)):
