@@ -346,7 +346,9 @@ class GradSync:
             i = self.posted[k]
             if complete_only and ready[i] < len(bucketer.buckets[i].params):
                 return
-            bucketer.start_bucket(i)
+            # the final bucket completes last (buckets post in index order): nothing
+            # is left to overlap it with, so a blocking all_reduce (GradBucketer)
+            bucketer.start_bucket(i, blocking=i == len(bucketer.buckets) - 1)
             self.posted[k] += 1
 
     def flush(self):
