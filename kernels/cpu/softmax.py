@@ -180,31 +180,35 @@ def _split(shape, dim):
 def _run(rows_kernel, cols_kernel, arrays, dim, log, scale, causal):
     """Call the row kernel (inner == 1) or the strided one on (outer, n, inner) views."""
     shape = arrays[0].shape
+    outer, n, inner = _split(shape, dim)
+    causal_rows = fused_args("softmax", scale, causal, shape, dim, inner)
     out = np.empty(shape, arrays[0].dtype)
     if arrays[0].size == 0:
         return out
-    outer, n, inner = _split(shape, dim)
     arrays = [np.ascontiguousarray(a) for a in arrays]
     if inner == 1:
         rows_kernel(*[a.reshape(outer, n) for a in arrays], out.reshape(outer, n), log,
-                    scale, check_causal(causal, shape, dim))
-    elif scale != 1.0 or causal:
-        raise ValueError(f"softmax kernel: scale and causal apply to the last dim only, got "
-                         f"dim={dim} of shape {tuple(shape)}")
+                    scale, causal_rows)
     else:
         cols_kernel(*[a.reshape(outer, n, inner) for a in arrays],
                     out.reshape(outer, n, inner), log)
     return out
 
 
-def check_causal(causal, shape, dim):
-    """Query rows per matrix of a causal mask over the last two dims (0: none)."""
-    if not causal:
-        return 0
-    if len(shape) < 2 or dim != len(shape) - 1:
-        raise ValueError(f"softmax kernel: a causal mask needs (..., L, S) scores and the "
-                         f"last dim, got shape {tuple(shape)} and dim={dim}")
-    return shape[-2]
+def fused_args(op, scale, causal, shape, dim, inner):
+    """The row kernels' causal argument, query rows per matrix (0: no mask),
+    after checking that scale and mask apply where they can: the last dim of
+    (..., L, S) scores.  Shared by the CUDA kernels."""
+    causal_rows = 0
+    if causal:
+        if len(shape) < 2 or dim != len(shape) - 1:
+            raise ValueError(f"{op} kernel: a causal mask needs (..., L, S) scores and the "
+                             f"last dim, got shape {tuple(shape)} and dim={dim}")
+        causal_rows = shape[-2]
+    if inner != 1 and scale != 1.0:
+        raise ValueError(f"{op} kernel: scale applies to the last dim only, got dim={dim} of "
+                         f"shape {tuple(shape)}")
+    return causal_rows
 
 
 # ``scale`` and ``causal`` (softmax over the last dim only) make these the fused

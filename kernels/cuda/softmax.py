@@ -33,7 +33,7 @@ import numpy as np
 from numba import cuda
 from numba import types as nbtypes
 
-from ..cpu.softmax import check_causal
+from ..cpu.softmax import fused_args
 from ..registry import register
 from . import elementwise as _ew
 from ._memory import (SIM_MAX_BLOCKS, SIM_THREADS, empty, is_device_array, is_host_array,  # noqa: F401
@@ -471,10 +471,7 @@ def _run(op, arrays, dim, log, backward, scale=1.0, causal=False):
             raise ValueError(f"{op}: y must match g ({shape}, {dtype}), got "
                              f"{tuple(a.shape)}, {np.dtype(a.dtype)}")
     outer, n, inner = _split(shape, dim, op)
-    causal_rows = check_causal(causal, shape, dim)
-    if inner != 1 and (scale != 1.0 or causal_rows):
-        raise ValueError(f"{op} kernel: scale and causal apply to the last dim only, got "
-                         f"dim={dim} of shape {shape}")
+    causal_rows = fused_args(op, scale, causal, shape, dim, inner)
     out = empty(shape, dtype, arrays[0])
     if out.size == 0:
         return out
