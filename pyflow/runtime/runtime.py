@@ -5,11 +5,24 @@
 
 `Runtime(graph)` checks the graph once (taskgraph.py: every input resolves,
 no cycle without an initial value, enough registers to go round every cycle).
-Each `run()` then creates fresh actors and runs one thread per stream (pooled
-across runs, see stream.py), preloads
-the initial values, sends every actor `Start`, and waits; from then on the
-actors only react to each other's messages.  The caller's thread does nothing
-but watch:
+Each `run()` then creates fresh actors, preloads the initial values, sends
+every actor `Start`, and runs one message loop per stream; from then on the
+actors only react to each other's messages.  The caller's own thread runs the
+loop of the ``compute`` stream (``run(caller_stream=...)`` names another, or
+None for none) and every other stream gets a pooled thread (stream.py).
+
+Why the caller runs compute: OpenMP (numba's parallel loops, MKL) keeps a
+team of worker threads per calling thread.  Had a graph's kernels run on a
+thread of their own, a process that also traced or ran eager code on its main
+thread would keep two teams whose idle workers compete for the same cores.
+Under ``OMP_WAIT_POLICY=active`` (pyflow sets PASSIVE unless told otherwise,
+but HPC sites often set active) they spin: GPT-mini graph steps took 451-462
+ms against 242-255 ms for the sequential executor; with the caller running
+compute, 263-267 ms against 261-262 ms (bench/graph_step.py's model, separate
+processes, medians of 12 steps).  With the passive default the two differed
+by no more than the machine's noise.
+
+A pooled watchdog thread (or the caller, when it runs no stream) watches:
 
 - all actors ended            -> stop the threads, join them, return the sinks;
 - an actor raised             -> every thread leaves its loop at its next
@@ -21,8 +34,9 @@ but watch:
 
 A thread cannot be interrupted inside a Python call: after an error or a
 timeout, a stream busy in a long function leaves its loop when that call
-returns; `run()` waits up to JOIN_S per thread for it (they are daemon
-threads, so none can keep the process alive).
+returns; `run()` waits up to JOIN_S per pooled thread for it (they are daemon
+threads, so none can keep the process alive), and for the caller's own stream
+until its current call returns.
 
 `PYFLOW_TRACE=path.json` makes `run()` trace every firing and write a Chrome
 trace there when no tracer is passed (trace.py).  `runtime.stats` holds the
@@ -36,13 +50,14 @@ from dataclasses import dataclass
 from .actor import Actor, InputEdge, SinkActor, SourceActor
 from .messages import START, STOP
 from .register import OutputRegisters
-from .stream import Stream
+from .stream import Stream, run_pooled
 from .chains import ChainMemberError
 from .taskgraph import Port
 from .trace import TRACE_ENV, Tracer
 
-POLL_S = 0.05                     # how often the caller looks for deadlock/timeout
+POLL_S = 0.05                     # how often the watchdog looks for deadlock/timeout
 JOIN_S = 1.0                      # how long to wait for each thread when stopping
+CALLER_STREAM = "compute"         # the stream whose loop run()'s caller runs itself
 
 
 class ActorError(RuntimeError):
@@ -91,12 +106,18 @@ class Runtime:
 
     __str__ = describe
 
-    def run(self, *, iterations=None, timeout=None, tracer=None):
-        """Run until every actor has ended; return {sink name: [values]}."""
+    def run(self, *, iterations=None, timeout=None, tracer=None, caller_stream=CALLER_STREAM):
+        """Run until every actor has ended; return {sink name: [values]}.
+
+        ``caller_stream``: the stream whose message loop runs on the calling
+        thread (None, or a name the graph does not use: the caller only watches)."""
         if iterations is not None and (not isinstance(iterations, int) or iterations < 0):
             raise ValueError(f"iterations must be an int >= 0 or None, got {iterations!r}")
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
+        if caller_stream is not None and not isinstance(caller_stream, str):
+            raise TypeError(f"caller_stream must be a stream name (str) or None, got "
+                            f"{caller_stream!r}")
         if iterations is None and self.graph.never_ending():
             raise ValueError(f"actors {self.graph.never_ending()} would never end: they are "
                              "fed by no source; pass run(iterations=N)")
@@ -105,7 +126,7 @@ class Runtime:
             trace_path, tracer = os.environ[TRACE_ENV], Tracer()
         run = _Run(self.graph, iterations, tracer)
         try:
-            return run.execute(timeout)
+            return run.execute(timeout, caller_stream)
         finally:
             self._last_run, self._stats = run, None
             if trace_path:
@@ -134,6 +155,7 @@ class _Run:
                 edge = producer.outputs[port.index].add_edge(consumer, i)
                 consumer.inputs.append(InputEdge(producer, port.index, edge, control))
         self.started = None
+        self.watch_error = None           # a timeout or deadlock the watchdog found
 
     def _make_actor(self, spec, iterations):
         stream = self.streams[self.graph.stream_of(spec.name)]
@@ -152,6 +174,11 @@ class _Run:
             self.alive -= 1
             if self.alive == 0:
                 self.done.set()
+                self.stop_streams()
+
+    def stop_streams(self):
+        for s in self.streams.values():
+            s.queue.put((None, STOP))
 
     def fail(self, actor, exc):
         with self.lock:
@@ -161,33 +188,46 @@ class _Run:
 
     def abort(self):
         self.aborted = True
-        for s in self.streams.values():
-            s.queue.put((None, STOP))
+        self.stop_streams()
         self.done.set()
 
     # -- called from the caller's thread --------------------------------------
-    def execute(self, timeout):
+    def execute(self, timeout, caller_stream=None):
         self.started = time.perf_counter()
         for spec in self.graph.specs.values():
             for index, value in spec.initial.items():
                 self.actors[spec.name].preload(index, value)
-        for s in self.streams.values():
+        own = self.streams.get(caller_stream)
+        pooled = [s for s in self.streams.values() if s is not own]
+        for s in pooled:
             s.start()
+        watchdog = None
         try:
             for actor in self.actors.values():
                 actor.stream.queue.put((actor, START))
-            self._watch(timeout)
+            if self.alive == 0:           # an empty graph: nothing will ever end
+                self.stop_streams()
+            if own is None:
+                self._watch(timeout)
+            else:
+                watchdog = run_pooled("watchdog", lambda: self._watch_in_background(timeout))
+                own.loop()
         except BaseException:
             self.abort()
             raise
         finally:
-            if not self.aborted:
-                for s in self.streams.values():
-                    s.queue.put((None, STOP))
-            for s in self.streams.values():
+            for s in pooled:
                 s.join(JOIN_S)
+            if watchdog is not None:
+                self.done.set()           # the loop returned: nothing left to watch
+                watchdog.wait(JOIN_S)
+        if self.watch_error is not None:
+            raise self.watch_error
         if self.error is not None:
             actor, exc, iteration = self.error
+            if own is not None and actor.stream is own and \
+                    isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise exc                 # Ctrl-C in the caller's own loop stays Ctrl-C
             op = None
             if isinstance(exc, ChainMemberError):
                 op, exc = exc.op, exc.exc
@@ -196,6 +236,12 @@ class _Run:
                              f"iteration {iteration}: {type(exc).__name__}: {exc}",
                              actor.name, op) from exc
         return {name: a.values for name, a in self.actors.items() if isinstance(a, SinkActor)}
+
+    def _watch_in_background(self, timeout):
+        try:
+            self._watch(timeout)
+        except (RunTimeoutError, DeadlockError) as exc:
+            self.watch_error = exc        # raised by the caller once its loop returns
 
     def _watch(self, timeout):
         if self.alive == 0:               # an empty graph: nothing will ever end

@@ -21,7 +21,8 @@ start-up.  Kernels keep per-thread state: OpenMP (numba's parallel loops) and
 OpenBLAS build a worker team for each new calling thread, which cost a GPT
 step 60% more time with fresh threads.  A pooled thread is named
 ``pyflow-stream-<name>`` while it runs a loop and ``pyflow-idle-<name>``
-between runs.
+between runs.  The ``compute`` stream's loop runs on the caller's own thread
+(runtime.py says why), so its kernels share the OpenMP team of eager code.
 """
 import queue
 import threading
@@ -82,6 +83,14 @@ class _Worker:
 
 _idle = {}                   # stream name -> idle workers
 _idle_lock = threading.Lock()
+
+
+def run_pooled(name, fn):
+    """Run ``fn()`` on a pooled thread named after ``name``; returns an Event
+    set when it has returned."""
+    finished = threading.Event()
+    _submit(name, fn, finished)
+    return finished
 
 
 def _submit(name, loop, finished):

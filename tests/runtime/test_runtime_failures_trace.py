@@ -78,12 +78,27 @@ def test_deadlock_is_reported_not_hung():
         Runtime(g, check=False).run(timeout=10)
 
 
-def test_timeout_stops_a_run_whose_actor_blocks():
+@pytest.mark.parametrize("caller_stream", ["compute", None])
+def test_timeout_stops_a_run_whose_actor_blocks(caller_stream):
+    """The stuck actor is on the compute stream: run by the caller itself (the
+    default, a watchdog thread notices the timeout) or by a pooled thread."""
     g = TaskGraph()
     x = g.source("data", range(100))
     g.actor("stuck", lambda v: time.sleep(0.05), inputs=[x], outputs=0)
     with pytest.raises(RunTimeoutError, match="within 0.2 s"):
-        Runtime(g).run(timeout=0.2)
+        Runtime(g).run(timeout=0.2, caller_stream=caller_stream)
+
+
+@pytest.mark.parametrize("caller_stream", ["compute", None])
+def test_error_on_another_stream_stops_the_callers_compute_loop(caller_stream):
+    g = TaskGraph()
+    x = g.source("data", range(1000), stream="data")
+    g.actor("slow", lambda v: time.sleep(0.001), inputs=[x], outputs=0)
+    g.actor("bad", lambda v: 1 / (v - 5), inputs=[x], stream="copy", outputs=0)
+    t0 = time.perf_counter()
+    with pytest.raises(ActorError, match="actor 'bad' .*ZeroDivisionError"):
+        Runtime(g).run(timeout=30, caller_stream=caller_stream)
+    assert time.perf_counter() - t0 < 5     # stopped long before the 1000 items
 
 
 # ------------------------------------------------------------------- tracing

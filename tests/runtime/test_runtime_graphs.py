@@ -2,6 +2,7 @@
 feedback loops, end of data, back-pressure, describe/to_dot."""
 import itertools
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -208,6 +209,33 @@ def test_bad_run_arguments():
         Runtime(g).run(iterations=-1)
     with pytest.raises(ValueError, match="timeout must be"):
         Runtime(g).run(timeout=0)
+    with pytest.raises(TypeError, match="caller_stream must be a stream name"):
+        Runtime(g).run(caller_stream=3)
+
+
+@pytest.mark.parametrize("caller_stream, compute_on_caller",
+                         [("compute", True), (None, False), ("nonexistent", False)])
+def test_the_caller_runs_the_compute_stream(caller_stream, compute_on_caller):
+    """By default the calling thread runs the compute stream's loop (one OpenMP team
+    for eager and graph kernels, runtime.py); every other stream a pooled thread."""
+    seen = {}
+
+    def record(stream):
+        def fn(v):
+            seen.setdefault(stream, set()).add(threading.get_ident())
+            return v
+        return fn
+    g = TaskGraph()
+    x = g.source("data", range(4), stream="data", registers=2)
+    h = g.actor("on_compute", record("compute"), inputs=[x], stream="compute", registers=2)
+    h = g.actor("on_copy", record("copy"), inputs=[h], stream="copy", registers=2)
+    g.sink("out", h)
+    rt = Runtime(g)
+    for _ in range(2):                  # twice: a run leaves nothing behind for the next
+        assert rt.run(timeout=10, caller_stream=caller_stream) == {"out": [0, 1, 2, 3]}
+    me = threading.get_ident()
+    assert (seen["compute"] == {me}) is compute_on_caller
+    assert me not in seen["copy"]
 
 
 # -------------------------------------------------------------- looking at it
