@@ -297,7 +297,13 @@ class Tensor:
                 other._placement, other._sbp, other._logical_shape
 
     def detach(self):
-        t = Tensor._make(self._data, self.dtype, self.device, base=self)
+        """The same storage and version counter, out of autograd.  Unlike a view
+        it keeps no reference to ``self`` (PyTorch's detach neither): through
+        ``self.grad_fn`` that would keep a whole autograd graph, and the
+        activations its leaves hold, alive for as long as the result lives (a
+        loss kept for logging, a graph step's outputs)."""
+        t = Tensor._make(self._data, self.dtype, self.device)
+        t._version = self._version
         if self._placement is not None:
             t._placement, t._sbp, t._logical_shape = \
                 self._placement, self._sbp, self._logical_shape

@@ -155,3 +155,35 @@ def test_backward_through_views():
     y = x.t()[1:, :].reshape(-1)
     (y * pf.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
     assert_close(x.grad, [[0, 1, 3], [0, 2, 4]])
+
+
+def test_a_leaf_used_in_a_graph_is_freed_without_the_cycle_collector():
+    """A leaf refers to its AccumulateGrad node weakly: no tensor <-> node cycle
+    keeps it (and its memory) alive until the garbage collector runs."""
+    import gc
+    import weakref
+    gc.disable()
+    try:
+        x = pf.randn(64, 64, requires_grad=True)
+        (x * x).sum().backward()
+        (x * 2).sum().backward()            # a second graph shares the leaf's node anew
+        assert_close(x.grad, 2 * x.detach() + 2)
+        dead = weakref.ref(x)
+        del x
+        assert dead() is None
+    finally:
+        gc.enable()
+
+
+def test_detach_shares_storage_and_version_but_keeps_no_graph_alive():
+    import weakref
+    x = pf.randn(4, requires_grad=True)
+    y = x * 2
+    d = y.detach()
+    assert d.grad_fn is None and not d.requires_grad
+    d.add_(1)                               # same storage, same version counter
+    assert_close(y.detach(), 2 * x.detach() + 1)
+    assert y._version[0] == d._version[0] == 1
+    alive = weakref.ref(y)
+    del y                                   # the detached tensor keeps no reference to it
+    assert alive() is None
