@@ -221,6 +221,7 @@ class _Run:
             if watchdog is not None:
                 self.done.set()           # the loop returned: nothing left to watch
                 watchdog.wait(JOIN_S)
+        results = self._let_go() if all(s.finished.is_set() for s in pooled) else None
         if self.watch_error is not None:
             raise self.watch_error
         if self.error is not None:
@@ -235,7 +236,26 @@ class _Run:
             raise ActorError(f"{where} (stream '{actor.stream.name}') failed at "
                              f"iteration {iteration}: {type(exc).__name__}: {exc}",
                              actor.name, op) from exc
-        return {name: a.values for name, a in self.actors.items() if isinstance(a, SinkActor)}
+        if results is None:               # a pooled thread is still in its loop
+            results = {n: a.values for n, a in self.actors.items() if isinstance(a, SinkActor)}
+        return results
+
+    def _let_go(self):
+        """Hand the sinks' values to the caller and drop the sources' iterators.
+
+        Actors, streams and the run refer to each other (cycles), so only the
+        cyclic garbage collector frees a finished run, and not soon: the run
+        outlives a few collections and reaches the oldest generation.  Whatever
+        it still held (each step's input batch) would pile up there.  Called
+        only once every pooled thread has left its loop.  Returns {sink: values}."""
+        results = {}
+        for name, a in self.actors.items():
+            if isinstance(a, SinkActor):
+                results[name], a.values = a.values, []
+                a.fn = a.values.append
+            elif isinstance(a, SourceActor):
+                a.iterator = iter(())
+        return results
 
     def _watch_in_background(self, timeout):
         try:

@@ -263,3 +263,34 @@ def test_graph_without_sources_needs_iterations():
         Runtime(g).run(timeout=10)
     assert Runtime(g).run(iterations=3, timeout=10) == {"out": [0, 1, 2]}
     assert Runtime(TaskGraph()).run(timeout=10) == {}
+
+
+def test_a_finished_run_keeps_no_input_or_output_value():
+    """Actors and the run refer to each other, so only the cyclic collector frees
+    a run; it must not hold the step's values meanwhile (runtime.py: _let_go)."""
+    import gc
+    import weakref
+
+    class Batch:
+        pass
+
+    class Feed:                       # as pyflow.graph.lowering feeds a compiled graph
+        items = []
+
+        def __iter__(self):
+            return iter(self.items)
+    batch, feed = Batch(), Feed()
+    g = TaskGraph()
+    g.sink("out", g.actor("same", lambda v: v, inputs=[g.source("data", feed)]))
+    gc.disable()
+    try:
+        rt = Runtime(g)
+        feed.items = [batch]
+        out = rt.run(timeout=10)
+        feed.items = []
+        assert out["out"] == [batch] and rt.stats.firings["same"] == 1
+        alive = weakref.ref(batch)
+        del batch, out
+        assert alive() is None
+    finally:
+        gc.enable()
