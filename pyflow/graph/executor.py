@@ -12,6 +12,7 @@ executor (a dict) and between actors (a register, like any other value).
 its last use (the liveness from ``passes.memory``); ``lowering.py`` builds an
 actor task graph from the same steps.
 """
+import operator
 import sys
 
 import numpy as np
@@ -22,7 +23,7 @@ from ..distributed.dispatch import GlobalContext, backward_global, box_gradient,
 from ..kernels import registry
 from ..ops.shape import basic_view
 from ..tensor import Tensor
-from .ir import iter_values, substitute
+from .ir import compile_substitute, iter_values, substitute
 
 
 class Step:
@@ -41,6 +42,8 @@ class Step:
         self.wants_ctx = node.kind == "backward"
         self.out_meta = out_meta                # backward: (shape, dtype, device) per grad
         self._index = {v.id: i for i, v in enumerate(fed)}
+        self._fill_call = compile_substitute((node.args, node.kwargs), self._fetch)
+        self._fill_args = compile_substitute(node.args, self._fetch)
         self.accumulate = False                 # set_grad adds into .grad (micro-batches)
         self.skip_update = False                # not the last micro-batch: no optimizer step
         self.backward_slots = ()                # eager forward: input positions to differentiate
@@ -50,6 +53,12 @@ class Step:
     @property
     def name(self):
         return self.node.name
+
+    def _fetch(self, v):
+        """The function of the fed values that gives Value ``v`` (state: read live)."""
+        if v.kind in ("state", "const"):
+            return lambda values: v.tensor
+        return operator.itemgetter(self._index[v.id])
 
     def _lookup(self, values):
         index = self._index
@@ -67,7 +76,7 @@ class Step:
             if out is not None:
                 return (out,)
         if kind == "call":
-            args = substitute((node.args, node.kwargs), self._lookup(values))
+            args = self._fill_call(values)
             ctx = Context()
             with set_grad_enabled(False):
                 if _any_global(args[0]) and not node.target.handles_global:
@@ -79,7 +88,7 @@ class Step:
         if kind == "fn":
             if self.emits_ctx:
                 return self._eager_forward(values)
-            args = substitute((node.args, node.kwargs), self._lookup(values))
+            args = self._fill_call(values)
             with set_grad_enabled(False):
                 out = node.target(*args[0], **args[1])
             return out if isinstance(out, tuple) else (out,)
@@ -90,13 +99,13 @@ class Step:
         if kind == "seed":
             return (node.target.draw_seed(),)
         if kind == "assign":
-            (new,) = substitute(node.args, self._lookup(values))
+            (new,) = self._fill_args(values)
             t = node.target
             t._data[...] = new._data
             t._version[0] += 1
             return ()
         if kind == "set_grad":
-            (g,) = substitute(node.args, self._lookup(values))
+            (g,) = self._fill_args(values)
             p = node.target
             g = g.detach()
             sync = self.grad_sync
@@ -125,7 +134,7 @@ class Step:
         """The node's elementwise op written into its dying argument's buffer
         (passes.in_place), or None when that buffer is not safe to take."""
         node = self.node
-        args = substitute(node.args, self._lookup(values))
+        args = self._fill_args(values)
         x = args[self.in_place]
         if _any_global(args) or not _alone(x):     # global: the op must deduce and box
             return None
@@ -172,7 +181,7 @@ class Step:
     def _eager_backward(self, values):
         from .. import ops
         outs, leaves = values[-1]
-        grads = substitute(self.node.args, self._lookup(values[:-1]))
+        grads = self._fill_args(values)
         pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
         res = [None] * len(leaves)
         if pairs:
@@ -185,7 +194,7 @@ class Step:
         from .. import ops
         node = self.node
         ctx = values[-1]
-        grads = list(substitute(node.args, self._lookup(values[:-1])))
+        grads = list(self._fill_args(values))
         if ctx.materialize_grads:
             grads = [g if g is not None else ops.zeros(s, dtype=d, device=dev)
                      for g, (s, d, dev) in zip(grads, self.out_meta)]

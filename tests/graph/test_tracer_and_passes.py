@@ -215,3 +215,29 @@ def test_explain_and_dot(tmp_path):
     for kind in ("logical", "task"):
         path = g.to_dot(tmp_path / f"{kind}.dot", kind=kind)
         assert open(path).read().startswith("digraph")
+
+
+def test_compiled_substitute_fills_like_substitute():
+    """Steps fill their op's arguments with compile_substitute (the template's
+    structure walked once); it must build what substitute builds, nested
+    containers, namedtuples and live state included."""
+    from collections import namedtuple
+
+    from pyflow.graph.ir import Value, compile_substitute, substitute
+    Pair = namedtuple("Pair", "a b")
+    a, b = (Value((2,), pf.float32, pf.device("cpu"), "input") for _ in range(2))
+    state = Value((2,), pf.float32, pf.device("cpu"), "state", tensor="w0")
+    template = ((a, 3, [b, "k", (a,)], {"x": b, "y": 1.5}, Pair(state, None), pf.Size([2, 2])),
+                {"alpha": a, "beta": 2})
+    values = ["A", "B"]
+    index = {a.id: 0, b.id: 1}
+
+    def fetch(v):
+        return (lambda vs: v.tensor) if v.kind == "state" else (lambda vs: vs[index[v.id]])
+    fill = compile_substitute(template, fetch)
+    lookup = (lambda v: v.tensor if v.kind == "state" else values[index[v.id]])
+    assert fill(values) == substitute(template, lookup)
+    assert type(fill(values)[0][4]) is Pair and type(fill(values)[0][5]) is pf.Size
+    state.tensor = "w1"                     # state is read at fill time, not compile time
+    assert fill(values)[0][4].a == "w1"
+    assert fill(values)[0][2] is not fill(values)[0][2]     # a fresh list every call
