@@ -22,6 +22,7 @@ from time import perf_counter_ns
 
 from .chains import Chain
 from .messages import ConsumerDone, EndOfData, RegisterFree, RegisterReady
+from .taskgraph import check_outputs
 
 
 class InputEdge:
@@ -122,15 +123,7 @@ class Actor:
         n = len(self.outputs)
         if n == 0:
             return
-        if n == 1:
-            values = (result,)
-        else:
-            if not isinstance(result, (tuple, list)) or len(result) != n:
-                got = f"{type(result).__name__} of length {len(result)}" \
-                    if isinstance(result, (tuple, list)) else type(result).__name__
-                raise TypeError(f"actor '{self.name}' has {n} outputs, so its function must "
-                                f"return a tuple of {n} values; got {got}")
-            values = result
+        values = (result,) if n == 1 else check_outputs(self.name, n, result)
         for out, value in zip(self.outputs, values):
             reg = out.write(value, iteration)
             for edge, (consumer, input_index) in enumerate(out.edges):

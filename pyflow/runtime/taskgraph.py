@@ -47,6 +47,16 @@ class _NoInitial:
 NO_INITIAL = _NoInitial()
 
 
+def check_outputs(name, n, result):
+    """``result`` as the values of actor ``name``'s ``n`` (> 1) outputs."""
+    if not isinstance(result, (tuple, list)) or len(result) != n:
+        got = f"{type(result).__name__} of length {len(result)}" \
+            if isinstance(result, (tuple, list)) else type(result).__name__
+        raise TypeError(f"actor '{name}' has {n} outputs, so its function must "
+                        f"return a tuple of {n} values; got {got}")
+    return result
+
+
 @dataclass(frozen=True)
 class Port:
     """Output `index` of actor `actor`."""

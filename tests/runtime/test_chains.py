@@ -48,6 +48,22 @@ def test_an_exception_names_the_op_inside_the_chain():
     assert isinstance(info.value.__cause__, ValueError)
 
 
+@pytest.mark.parametrize("returned", [(1, 2, 3), 7])
+def test_a_member_returning_the_wrong_number_of_outputs_is_named(returned):
+    """Members write their outputs into numbered slots: a wrong count must be an
+    error naming the op, never values shifted into other members' slots."""
+    g = TaskGraph()
+    x = g.source("data", range(3), stream="data")
+    g.actor("pair", lambda v: returned, inputs=[x], outputs=2)
+    s = g.actor("sum", lambda a, b: a + b, inputs=[Port("pair", 0), Port("pair", 1)])
+    g.sink("out", g.actor("after", lambda v: v, inputs=[s]))
+    merged = merge_chains(g)
+    assert isinstance(merged.specs["pair..after"].fn, Chain)
+    with pytest.raises(ActorError, match=r"op 'pair' .*'pair' has 2 outputs.*got") as info:
+        Runtime(merged).run(timeout=10)
+    assert isinstance(info.value.__cause__, TypeError)
+
+
 def test_trace_keeps_one_slice_per_op():
     tracer = Tracer()
     Runtime(merge_chains(_pipeline())).run(tracer=tracer, timeout=10)
