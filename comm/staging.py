@@ -30,6 +30,8 @@ __all__ = ["StagingPool", "staging_pool", "MPIBuffer", "is_host_array"]
 
 def is_host_array(a):
     """True for host NumPy memory (a simulated device array is *not* host memory)."""
+    if type(a) is np.ndarray:           # the common case, decided without an import
+        return True
     from pyflow.kernels.cuda._simarray import SimulatedDeviceArray
     return isinstance(a, np.ndarray) and not isinstance(a, SimulatedDeviceArray)
 

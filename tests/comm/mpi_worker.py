@@ -243,6 +243,11 @@ def expect_mismatch(fn, *needles):
 def check_mismatches():
     if SIZE == 1:
         return
+    # a call every rank has made before (its descriptor kept, communicator.py)
+    # against a new one: still a mismatch, seen on every rank
+    W.all_reduce(pyflow.ones(5, device=DEVICE))
+    expect_mismatch(lambda: W.all_reduce(pyflow.ones(5 if RANK == 0 else 6, device=DEVICE)),
+                    "rank 0: all_reduce(shape=(5,)", "rank 1: all_reduce(shape=(6,)")
     bad_shape = (4,) if RANK == 0 else (3,)
     expect_mismatch(lambda: W.all_reduce(pyflow.ones(bad_shape, device=DEVICE)),
                     "rank 0: all_reduce(shape=(4,)", "rank 1: all_reduce(shape=(3,)")
