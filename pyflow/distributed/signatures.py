@@ -28,7 +28,7 @@ families below declare what they can do better:
 * softmax / log_softmax / layer_norm / cross_entropy / nll_loss: split on
   the dims they do not normalize over;
 * embedding: split indices (data parallel) or split embedding columns;
-* views (view/reshape, permute, expand, slices): splits follow the dim
+* views (view/reshape, permute, expand, slices, split): splits follow the dim
   mapping; their shape arguments are translated to the piece (``localize``).
 
 A rule is ``rule(args) -> [Candidate]`` over the op's positional arguments
@@ -326,6 +326,14 @@ def slice_rule(args):
     return c + [Candidate((B,), (B,))]
 
 
+def split_rule(args):
+    """``split`` along dim d: a split on any other dim (or a partial sum: slicing
+    is linear) carries over to every piece."""
+    x, d, n = args[0], args[1], len(args[2])
+    c = [Candidate((S(k),), (S(k),) * n) for k in range(x.ndim) if k != d]
+    return c + [Candidate((P,), (P,) * n), Candidate((B,), (B,) * n)]
+
+
 def cat_rule(args):
     d, ts = args[0], _tensors(args)
     nd = ts[0].ndim
@@ -341,6 +349,7 @@ def _register_views():
     register_rule(shape.Permute)(permute_rule)
     register_rule(shape.Expand)(expand_rule)
     register_rule(shape.SliceView)(slice_rule)
+    register_rule(shape.Split)(split_rule)
     register_rule(join.Cat)(cat_rule)
     register_rule(linalg.Matmul)(matmul_rule)
     register_rule(linalg.Linear)(linear_rule)

@@ -368,11 +368,30 @@ def split(input, split_size_or_sections, dim=0):
         if sum(sizes) != size:
             raise RuntimeError(f"split(): split_sizes {sizes} must sum to the size of dimension "
                                f"{dim} ({size})")
-    out, start = [], 0
-    for s in sizes:
-        out.append(narrow(input, d, start, s))
-        start += s
-    return tuple(out)
+    return Split.apply(input, d, tuple(sizes))
+
+
+class Split(Function):
+    """``split``/``chunk``: every piece of ``x`` along ``dim`` from one node, each
+    a view of ``x``'s storage.  The backward concatenates the pieces' gradients
+    once.  One slice node per piece made a zero-filled tensor of ``x``'s shape
+    per piece and added them up: for attention's q/k/v split, three such
+    tensors and two adds, where one concatenation does."""
+
+    @staticmethod
+    def forward(ctx, x, dim, sizes):
+        ctx.dim = dim
+        lead = (slice(None),) * dim
+        outs, start = [], 0
+        for size in sizes:
+            outs.append(x._view_of(basic_view(x._data, lead + (slice(start, start + size),))))
+            start += size
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        from .join import Cat
+        return Cat.apply(ctx.dim, grads[0].dtype, *grads), None, None
 
 
 @tensor_method()

@@ -76,13 +76,13 @@ def test_in_place_in_a_transformer_block_matches_eager(executor):
                 pf.tensor(rng.standard_normal((2, 8, 32)).astype(np.float32))) for _ in range(2)]
     make = lambda: transformer_block(pf.nn, d=32, heads=4)      # noqa: E731
     graph, losses, params = _train(make, batches, pf.nn.MSELoss(), executor, True)
-    # q, k, v = qkv(...).split(...): two gradient sums become slice adds, in place
-    text = pf.explain(graph)
-    assert "accumulate_slice_grads 2 gradient sums add slices in place of 2 slice backwards" \
-        in text
-    assert [n.name for n in graph.plans[0].graph.nodes if n.attrs.get("in_place_op") ==
-            "slice_add"] == [n.name for n in graph.plans[0].graph.nodes
-                             if n.attrs.get("slice_add")]
+    # q, k, v = qkv(...).split(...): one Split node (its backward: one concatenation)
+    ops = [n.op_name for n in graph.plans[0].graph.nodes]
+    assert ops.count("Split") == 1 and "SliceView" not in ops
+    _assert_matches_eager(make, batches, losses, params)
+
+
+def _assert_matches_eager(make, batches, losses, params):
     pf.manual_seed(0)
     model = make()
     opt = pf.optim.AdamW(model.parameters(), lr=1e-2)
@@ -94,6 +94,33 @@ def test_in_place_in_a_transformer_block_matches_eager(executor):
         np.testing.assert_allclose(loss, float(expected), rtol=1e-5)
     for p, q in zip(params, model.parameters()):
         np.testing.assert_allclose(p, q.detach().cpu().numpy(), rtol=1e-4, atol=1e-6)
+
+
+class ThreeSlices(pf.nn.Module):
+    """Three slices of one activation: their gradients sum into one tensor."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.fc, self.d = pf.nn.Linear(d, 3 * d), d
+
+    def forward(self, x):
+        h, d = self.fc(x), self.d
+        return h[:, :d] * h[:, d:2 * d] + h[:, 2 * d:]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_slice_gradients_are_added_in_place(executor):
+    rng = np.random.default_rng(2)
+    batches = [(pf.tensor(rng.standard_normal((8, 16)).astype(np.float32)),
+                pf.tensor(rng.standard_normal((8, 16)).astype(np.float32))) for _ in range(2)]
+    graph, losses, params = _train(ThreeSlices, batches, pf.nn.MSELoss(), executor, True)
+    text = pf.explain(graph)
+    assert "accumulate_slice_grads 2 gradient sums add slices in place of 2 slice backwards" \
+        in text
+    assert [n.name for n in graph.plans[0].graph.nodes if n.attrs.get("in_place_op") ==
+            "slice_add"] == [n.name for n in graph.plans[0].graph.nodes
+                             if n.attrs.get("slice_add")]
+    _assert_matches_eager(ThreeSlices, batches, losses, params)
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)

@@ -75,6 +75,26 @@ def test_multi_output_views(op):
          "unbind": lambda: a.unbind(1)}[op]())]), [x])
 
 
+def test_split_of_a_strided_input_with_unused_pieces_and_double_backward():
+    """split is one node for all pieces (its backward one concatenation): pieces
+    nobody uses get zero gradient, a transposed input works, and the backward
+    is differentiable again."""
+    x = np.random.default_rng(0).standard_normal((6, 4))
+    check_grad(lambda a: a.t().split([1, 3, 2], 1)[1] * 2.0, [x])
+    a = pf.tensor(x, requires_grad=True)
+    first, _, last = a.t().split([1, 3, 2], 1)
+    (g,) = pf.autograd.grad((first ** 2).sum() + (last ** 3).sum(), [a], create_graph=True)
+    want = np.zeros_like(x)
+    want[:1] = 2 * x[:1]
+    want[4:] = 3 * x[4:] ** 2
+    assert_close(g, want)
+    (gg,) = pf.autograd.grad(g.sum(), [a])
+    want2 = np.zeros_like(x)
+    want2[:1] = 2.0
+    want2[4:] = 6 * x[4:]
+    assert_close(gg, want2)
+
+
 @needs_torch
 @given(size=st.integers(0, 9), n=st.integers(1, 5))
 def test_split_chunk_sizes_match_torch(size, n):
