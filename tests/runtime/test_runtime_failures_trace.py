@@ -159,3 +159,19 @@ def test_streams_overlap_when_functions_release_the_gil():
         a, b = left[i], right[i]
         assert a["stream"] != b["stream"]
         assert max(a["start_ns"], b["start_ns"]) < min(a["end_ns"], b["end_ns"])
+
+
+def test_ctrl_c_in_the_callers_compute_loop_stays_a_keyboard_interrupt():
+    """The caller's thread runs the compute stream: Ctrl-C arrives inside an
+    actor there, and must reach the caller as itself, the other streams stopped."""
+    def interrupted(v):
+        if v == 2:
+            raise KeyboardInterrupt
+        return v
+    g = TaskGraph()
+    x = g.source("data", range(100), stream="data")
+    g.actor("copy", lambda v: v, inputs=[x], stream="copy", outputs=0)
+    g.actor("step", interrupted, inputs=[x], outputs=0)
+    with pytest.raises(KeyboardInterrupt):
+        Runtime(g).run(timeout=30)
+    assert stream_threads() == []
