@@ -85,21 +85,21 @@ _idle = {}                   # stream name -> idle workers
 _idle_lock = threading.Lock()
 
 
-def run_pooled(name, fn):
-    """Run ``fn()`` on a pooled thread named after ``name``; returns an Event
-    set when it has returned."""
+def run_pooled(name, fn, role="stream"):
+    """Run ``fn()`` on a pooled thread named ``pyflow-<role>-<name>`` while it
+    runs; returns an Event set when it has returned."""
     finished = threading.Event()
-    _submit(name, fn, finished)
+    _submit(name, fn, finished, role)
     return finished
 
 
-def _submit(name, loop, finished):
+def _submit(name, loop, finished, role="stream"):
     with _idle_lock:
         workers = _idle.setdefault(name, [])
         worker = workers.pop() if workers else _Worker(name)
 
     def job():
-        worker.thread.name = f"pyflow-stream-{name}"
+        worker.thread.name = f"pyflow-{role}-{name}"
         try:
             loop()
         finally:
