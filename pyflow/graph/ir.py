@@ -149,9 +149,10 @@ def compile_substitute(template, fetch):
         parts = [compile_substitute(template[k], fetch) for k in keys]
         return lambda values: {k: p(values) for k, p in zip(keys, parts)}
     # a list or tuple: its constants copied, its Values (and nested templates) filled
-    consts = [None if any(True for _ in iter_values(t)) else t for t in template]
-    slots = [(i, compile_substitute(t, fetch)) for i, t in enumerate(template)
-             if any(True for _ in iter_values(t))]
+    filled = [any(True for _ in iter_values(t)) for t in template]
+    consts = [None if f else t for t, f in zip(template, filled)]
+    slots = [(i, compile_substitute(t, fetch)) for i, (t, f) in enumerate(zip(template, filled))
+             if f]
 
     def fill(values):
         items = consts.copy()

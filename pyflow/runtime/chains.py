@@ -94,7 +94,7 @@ class Chain:
                 trace[0].record(name, trace[1], start, perf_counter_ns(), trace[2])
             if n_out == 1:
                 env[first] = res
-            res = None
+            res = None          # else it would keep this member's outputs alive through the next
             for i in drop:
                 env[i] = None
         if len(self._out_slots) == 1:

@@ -223,8 +223,8 @@ class _Run:
                 self.done.set()           # the loop returned: nothing left to watch
                 if self.aborted:          # a timeout or deadlock it found: wait for it
                     watchdog.wait(JOIN_S)
-                # else it leaves at once, on its own: waking it and waiting for it
-                # cost a third of a short run (283 -> 180 us, bench/graph_overhead.py)
+                # else it leaves at once, on its own: waiting for it made a short
+                # run's fixed cost 283 us instead of 150-168 (bench/graph_overhead.py)
         results = self._let_go() if all(s.finished.is_set() for s in pooled) else None
         if self.watch_error is not None:
             raise self.watch_error
