@@ -4,6 +4,9 @@ GPU, then measure and print one table (issue 3's targets).
     bench/gpu_check          # on a GPU machine (numba-cuda, cupy, torch installed there)
     bench/gpu_check --sim    # anywhere: the same code path in numba's simulator, tiny sizes
 
+The checks also run the graph tests (graph against eager, and the actor
+runtime's CUDA events between streams) on the GPU.
+
 Measured: device-to-device copy bandwidth (the ceiling) and each memory-bound
 kernel's bandwidth as a fraction of it (elementwise, broadcast, reduction,
 softmax, layer_norm); numba GEMM TFLOP/s against cuBLAS FP32 (TF32 off), TF32
@@ -43,7 +46,26 @@ def run_kernel_checks(sim):
                      last, f"{time.perf_counter() - t0:.1f} s"))
         if proc.returncode:
             print(proc.stdout[-3000:], proc.stderr[-3000:])
+    if not sim:
+        rows.append(run_graph_checks(env))
     return rows
+
+
+def run_graph_checks(env):
+    """Graph mode on the real GPU: graph against eager, and the runtime's CUDA
+    events between actor streams (pyflow/runtime/device.py), which only a GPU
+    exercises for real (the simulator's kernels finish before their launch
+    returns).  Under --sim, ``make test-cuda-sim`` runs these tests already."""
+    tests = ["tests/runtime/test_device_events.py", "tests/graph/test_graph_vs_eager.py"]
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-m", "not cpu_only", *tests], cwd=ROOT, capture_output=True,
+                          text=True, env=dict(env, PYFLOW_TEST_DEVICE="cuda"))
+    last = (proc.stdout.strip().splitlines() or ["no output"])[-1]
+    if proc.returncode:
+        print(proc.stdout[-3000:], proc.stderr[-3000:])
+    return ("graph tests on the GPU (pytest)", "ok" if proc.returncode == 0 else "FAILED", last,
+            f"{time.perf_counter() - t0:.1f} s")
 
 
 class Timer:

@@ -17,11 +17,13 @@
   messages between them buy no overlap and cost ~50 us a firing).
 
 Actors fire when their inputs are readable and their output registers free;
-nothing else schedules them.  ``PYFLOW_TRACE=path.json`` writes a Chrome
+nothing else schedules them.  On a GPU the runtime links the streams' kernels
+with CUDA events (pyflow.runtime.device), so ``copy`` and ``data`` overlap
+``compute`` on the device too.  ``PYFLOW_TRACE=path.json`` writes a Chrome
 trace of the firings (pyflow.runtime.trace).
 """
 from ..ops.transfer import ToDevice
-from ..runtime import NO_INITIAL, Port, Runtime, TaskGraph, merge_chains
+from ..runtime import NO_INITIAL, Port, Runtime, TaskGraph, completion_for, merge_chains
 from ..tensor import Tensor
 from .ir import substitute
 
@@ -182,11 +184,20 @@ def _gather(tg, ports, registers):
                     registers=registers)
 
 
+def _runtime(tg, plan):
+    """A Runtime for ``tg``, with CUDA events between streams when ``plan``
+    holds tensors on a GPU."""
+    graph = plan.graph
+    values = list(graph.inputs) + list(graph.state) + \
+        [v for step in plan.steps for v in step.node.outputs]
+    return Runtime(tg, device=completion_for({v.device for v in values}))
+
+
 def run_actors(plan, inputs):
     """One run of ``plan``'s task graph on ``inputs``; returns build()'s outputs."""
     if getattr(plan, "_runtime", None) is None:
         tg, feed, out_values = plan.task_graph
-        plan._runtime = (Runtime(tg), feed, out_values)
+        plan._runtime = (_runtime(tg, plan), feed, out_values)
     runtime, feed, out_values = plan._runtime
     feed.items = [tuple(inputs)]
     result = runtime.run(iterations=1)
@@ -223,7 +234,7 @@ def run_stream(plan, batches, registers=2, signature=None):
                         f"batch sizes, e.g. DataLoader(..., drop_last=True)")
                 yield tuple(x for x in batch if isinstance(x, Tensor))
     feed.items = Batches()
-    result = Runtime(tg).run()
+    result = _runtime(tg, plan).run()
     outs = []
     packed_all = result.get("outputs", [])
     for k in range(len(packed_all) if out_values else 0):

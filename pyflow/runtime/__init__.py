@@ -11,10 +11,12 @@
 Read in this order: register.py (slots and back-pressure), messages.py (the
 protocol), actor.py (when an actor fires), stream.py (one thread per stream),
 taskgraph.py (building and checking a graph), runtime.py (running it),
-trace.py (Chrome trace), chains.py (merging one stream's actors).  docs/runtime.md walks through an example.
+trace.py (Chrome trace), chains.py (merging one stream's actors), device.py (CUDA
+events between streams on a GPU).  docs/runtime.md walks through an example.
 """
 from .actor import Actor, SinkActor, SourceActor
 from .chains import Chain, merge_chains
+from .device import CudaCompletion, completion_for
 from .register import OutputRegisters, Register
 from .runtime import ActorError, DeadlockError, Runtime, RunStats, RunTimeoutError
 from .taskgraph import NO_INITIAL, Edge, GraphError, Port, TaskGraph
@@ -23,4 +25,4 @@ from .trace import TRACE_ENV, Tracer
 __all__ = ["TaskGraph", "Runtime", "Port", "Edge", "Tracer", "RunStats", "Register",
            "OutputRegisters", "Actor", "SourceActor", "SinkActor", "ActorError",
            "DeadlockError", "RunTimeoutError", "GraphError", "NO_INITIAL", "TRACE_ENV", "Chain",
-           "merge_chains"]
+           "merge_chains", "CudaCompletion", "completion_for"]

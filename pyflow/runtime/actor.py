@@ -16,6 +16,9 @@ An ended actor hands back at once any register it still receives.
 
 All methods run on the stream thread the actor is placed on (stream.py), so
 an actor's state needs no lock.
+
+On a GPU, an actor linked to another stream also records and waits for CUDA
+events around its firing (device.py): ``sync`` is that run's device object.
 """
 from collections import deque
 from time import perf_counter_ns
@@ -27,7 +30,8 @@ from .taskgraph import check_outputs
 
 class InputEdge:
     """The consumer end of one edge: the registers readable by one input."""
-    __slots__ = ("producer", "output", "edge", "control", "ready", "consumed", "length")
+    __slots__ = ("producer", "output", "edge", "control", "ready", "consumed", "length",
+                 "cross")
 
     def __init__(self, producer, output, edge, control):
         self.producer = producer  # producing Actor
@@ -37,6 +41,7 @@ class InputEdge:
         self.ready = deque()      # readable registers, oldest first
         self.consumed = 0
         self.length = None        # set by EndOfData: values this input carries in all
+        self.cross = False        # producer on another stream, with device events between
 
     def exhausted(self):
         return self.length is not None and self.consumed >= self.length and not self.ready
@@ -56,6 +61,7 @@ class Actor:
         self.fired = 0
         self.ended = False
         self.chain = fn if isinstance(fn, Chain) else None   # traced op by op
+        self.sync = None          # the device object (device.py) when linked to another stream
 
     # -- messages ------------------------------------------------------------
     def handle(self, msg):
@@ -67,6 +73,8 @@ class Actor:
                 return
             self.inputs[msg.input].ready.append(msg.register)
         elif kind is RegisterFree:
+            if msg.event is not None:     # the reader's kernels come before any reuse
+                self.sync.wait(self.stream.device, msg.event)
             self.outputs[msg.output].release(msg.register, msg.edge)
         elif kind is EndOfData:
             self.inputs[msg.input].length = msg.length
@@ -103,6 +111,11 @@ class Actor:
 
     def fire(self):
         regs = [inp.ready.popleft() for inp in self.inputs]
+        sync = self.sync
+        if sync is not None:      # launch after the kernels that wrote other streams' inputs
+            for reg, inp in zip(regs, self.inputs):
+                if inp.cross and reg.event is not None:
+                    sync.wait(self.stream.device, reg.event)
         args = [reg.value for reg, inp in zip(regs, self.inputs) if not inp.control]
         iteration = self.fired
         tracer = self.run.tracer
@@ -114,18 +127,20 @@ class Actor:
         if tracer is not None and chain is None:
             tracer.record(self.name, self.stream.name, start, perf_counter_ns(), iteration)
         self.fired += 1
-        self.write_outputs(result, iteration)
+        event = None if sync is None else sync.record(self.stream.device)
+        self.write_outputs(result, iteration, event)
         for reg, inp in zip(regs, self.inputs):
             inp.consumed += 1
-            self.send(inp.producer, RegisterFree(inp.output, reg, inp.edge))
+            self.send(inp.producer, RegisterFree(inp.output, reg, inp.edge,
+                                                 event if inp.cross else None))
 
-    def write_outputs(self, result, iteration):
+    def write_outputs(self, result, iteration, event=None):
         n = len(self.outputs)
         if n == 0:
             return
         values = (result,) if n == 1 else check_outputs(self.name, n, result)
         for out, value in zip(self.outputs, values):
-            reg = out.write(value, iteration)
+            reg = out.write(value, iteration, event)
             for edge, (consumer, input_index) in enumerate(out.edges):
                 if out.live[edge]:
                     self.send(consumer, RegisterReady(input_index, reg))
@@ -197,7 +212,9 @@ class SourceActor(Actor):
                                    self.fired)
         iteration = self.fired
         self.fired += 1
-        self.write_outputs(value, iteration)
+        sync = self.sync
+        self.write_outputs(value, iteration, None if sync is None else
+                           sync.record(self.stream.device))
 
     def should_end(self):
         return self.exhausted or super().should_end()

@@ -14,6 +14,10 @@ references to registers, never copies of data.
 nobody reads its output any more (an endless data loader feeding a graph that
 ran its N iterations), and lets it reuse registers an ended reader will never
 free.
+
+Between streams on a GPU, the register of `RegisterReady` and the
+`RegisterFree` message also carry a CUDA event (device.py): "the kernels
+behind this message are enqueued up to here".
 """
 from dataclasses import dataclass
 
@@ -31,6 +35,7 @@ class RegisterFree:
     output: int           # which of the receiver's outputs owns the register
     register: Register
     edge: int             # which consumer edge of that output has read it
+    event: object = None  # device event after the reader's kernels (device.py), if any
 
 
 @dataclass(slots=True)

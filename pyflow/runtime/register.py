@@ -22,7 +22,7 @@ from collections import deque
 
 class Register:
     """One buffer slot of a producer output."""
-    __slots__ = ("port", "slot", "value", "iteration", "readers")
+    __slots__ = ("port", "slot", "value", "iteration", "readers", "event")
 
     def __init__(self, port, slot):
         self.port = port          # the Port (producer, output index) that owns it
@@ -30,6 +30,7 @@ class Register:
         self.value = None
         self.iteration = None     # producer iteration that wrote it (-1 = initial value)
         self.readers = 0          # consumer edges that still have to read it
+        self.event = None         # device event after the kernels that wrote it (device.py)
 
     def __repr__(self):
         return (f"Register({self.port}#{self.slot}, iteration={self.iteration}, "
@@ -56,10 +57,11 @@ class OutputRegisters:
         self.max_in_flight.append(0)
         return len(self.edges) - 1
 
-    def write(self, value, iteration):
-        """Put `value` into a free slot (the caller checked `free`); return the register."""
+    def write(self, value, iteration, event=None):
+        """Put `value` into a free slot (the caller checked `free`); return the register.
+        ``event``: the device event after the kernels that computed it (device.py)."""
         reg = self.free.popleft()
-        reg.value, reg.iteration = value, iteration
+        reg.value, reg.iteration, reg.event = value, iteration, event
         readers = 0
         for e, live in enumerate(self.live):
             if live:
@@ -89,5 +91,5 @@ class OutputRegisters:
         return bool(self.edges) and not any(self.live)
 
     def _recycle(self, reg):
-        reg.value = None          # drop the reference so the value can be freed early
+        reg.value = reg.event = None  # drop the reference so the value can be freed early
         self.free.append(reg)

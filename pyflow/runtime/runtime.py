@@ -38,6 +38,10 @@ returns; `run()` waits up to JOIN_S per pooled thread for it (they are daemon
 threads, so none can keep the process alive), and for the caller's own stream
 until its current call returns.
 
+On a GPU (``Runtime(graph, device=...)``, which the graph lowering passes
+when a graph holds CUDA tensors) actors on different streams are linked by
+CUDA events instead of blocking: device.py says how.
+
 `PYFLOW_TRACE=path.json` makes `run()` trace every firing and write a Chrome
 trace there when no tracer is passed (trace.py).  `runtime.stats` holds the
 firings per actor and the most values ever in flight on each edge.
@@ -86,10 +90,13 @@ class RunStats:
 
 
 class Runtime:
-    def __init__(self, graph, *, check=True):
-        """`check=False` skips the liveness check (to watch a deadlock get reported)."""
+    def __init__(self, graph, *, check=True, device=None):
+        """`check=False` skips the liveness check (to watch a deadlock get reported).
+        ``device``: a device object (device.py) whose events link the streams'
+        device work; None when kernels finish before their launch returns (CPU)."""
         graph.check(liveness=check)
         self.graph = graph
+        self.device = device
         self._last_run = None
         self._stats = None
 
@@ -124,7 +131,7 @@ class Runtime:
         trace_path = None
         if tracer is None and os.environ.get(TRACE_ENV):
             trace_path, tracer = os.environ[TRACE_ENV], Tracer()
-        run = _Run(self.graph, iterations, tracer)
+        run = _Run(self.graph, iterations, tracer, self.device)
         try:
             return run.execute(timeout, caller_stream)
         finally:
@@ -136,9 +143,10 @@ class Runtime:
 class _Run:
     """The live state of one `Runtime.run` call."""
 
-    def __init__(self, graph, iterations, tracer):
+    def __init__(self, graph, iterations, tracer, device=None):
         self.graph = graph
         self.tracer = tracer
+        self.device = device
         self.aborted = False
         self.error = None                 # (actor, exception, iteration) of the first failure
         self.done = threading.Event()
@@ -154,6 +162,9 @@ class _Run:
                 producer = self.actors[port.actor]
                 edge = producer.outputs[port.index].add_edge(consumer, i)
                 consumer.inputs.append(InputEdge(producer, port.index, edge, control))
+                if device is not None and producer.stream is not consumer.stream:
+                    consumer.inputs[-1].cross = True
+                    consumer.sync = producer.sync = device
         self.started = None
         self.watch_error = None           # a timeout or deadlock the watchdog found
 
@@ -199,8 +210,16 @@ class _Run:
                 self.actors[spec.name].preload(index, value)
         own = self.streams.get(caller_stream)
         pooled = [s for s in self.streams.values() if s is not own]
+        device = self.device
+        if device is not None:        # every stream starts after the caller's work so far
+            caller = device.current()
+            started = device.record(caller)
+            for s in self.streams.values():
+                s.device = caller if s is own else device.stream(s.name)
+                if s is not own:
+                    device.wait(s.device, started)
         for s in pooled:
-            s.start()
+            s.start(device)
         watchdog = None
         try:
             for actor in self.actors.values():
@@ -219,6 +238,9 @@ class _Run:
         finally:
             for s in pooled:
                 s.join(JOIN_S)
+            if device is not None:    # the caller's later work comes after every stream's
+                for s in pooled:
+                    device.wait(caller, device.record(s.device))
             if watchdog is not None:
                 self.done.set()           # the loop returned: nothing left to watch
                 if self.aborted:          # a timeout or deadlock it found: wait for it

@@ -40,10 +40,15 @@ class Stream:
         self.busy = True          # until the loop first waits on its queue
         self.taken = 0            # messages taken so far
         self.finished = threading.Event()
+        self.device = None        # its CUDA stream when the run has a device object (device.py)
 
-    def start(self):
-        """Run this stream's message loop on a pooled thread."""
-        _submit(self.name, self.loop, self.finished)
+    def start(self, sync=None):
+        """Run this stream's message loop on a pooled thread (with its CUDA
+        stream current there when ``sync``, the run's device object, is given)."""
+        def loop_on_device():
+            with sync.use(self.device):
+                self.loop()
+        _submit(self.name, self.loop if sync is None else loop_on_device, self.finished)
 
     def join(self, timeout):
         return self.finished.wait(timeout)

@@ -97,6 +97,45 @@ def test_mlp_training_matches_eager(executor, opt):
     assert len(graph.plans) == 1
 
 
+class HostBatchGraph(pf.nn.Graph):
+    """Host batches moved to the model's device inside build(), the loss
+    returned on the host: the copies run on the ``copy`` stream, and on a GPU
+    CUDA events link it to ``compute`` (pyflow.runtime.device)."""
+
+    def __init__(self, model, optimizer, executor):
+        super().__init__()
+        self.model = model
+        self.add_optimizer(optimizer)
+        set_executor(self, executor)
+
+    def build(self, x, y):
+        device = pf.get_default_device()
+        loss = pf.nn.functional.cross_entropy(self.model(x.to(device)), y.to(device))
+        loss.backward()
+        return loss.to("cpu")
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_host_batches_moved_to_the_device_inside_the_graph(executor):
+    eager, graphed = _pair(mlp)
+    o1, o2 = _optimizers("sgd", eager, graphed)
+    graph = HostBatchGraph(graphed, o2, executor)
+    device = pf.get_default_device()
+    for x, y in _class_batches((16, 12), 5, steps=4):
+        x, y = x.to("cpu"), y.to("cpu")
+        o1.zero_grad()
+        expected = pf.nn.functional.cross_entropy(eager(x.to(device)), y.to(device))
+        expected.backward()
+        o1.step()
+        loss = graph(x, y)
+        assert loss.device.type == "cpu"
+        np.testing.assert_allclose(float(loss), float(expected), rtol=1e-5, atol=1e-6)
+    _same_parameters(eager, graphed)
+    if device.type != "cpu" and executor != "sequential":
+        streams = {spec.stream for spec in graph.plans[0].task_graph[0].specs.values()}
+        assert "copy" in streams
+
+
 @pytest.mark.cpu_only       # minutes in the cuda simulator; the MLP and BN tests cover cuda
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_small_cnn_training_matches_eager(executor):
