@@ -1,14 +1,15 @@
 """All-reduce overhead: ``pyflow.comm.all_reduce`` against raw mpi4py ``Allreduce``
 on NumPy, in the same 2-rank run, for 1, 4, 16 and 64 MB of float32.
 
-Both sides reduce in place (``MPI.IN_PLACE``) a buffer they own; the two are
-timed alternately (interleaved repeats, the order flipped every repeat), each
-timing starts after a barrier, and a sample is the slowest rank's time.  Two
-ways, both printed: a *stream* of ``--calls`` (10) back-to-back calls per
-sample, per-call time (how data parallel issues its gradient buckets), and
-*single* calls right after the barrier (latency, barrier exit skew included;
-there the check's extra collective costs tens of microseconds more than in a
-stream, where it costs about 5 us).  The
+Both sides reduce in place (``MPI.IN_PLACE``) the same buffer, the tensor's
+own array (with a buffer per case, each case's luck in physical placement
+moved the results by up to 10% either way).  They are timed alternately
+(interleaved repeats, the order flipped every repeat), each timing starts
+after a barrier, and a sample is the slowest rank's time.  Two ways, both
+printed: a *stream* of ``--calls`` (10) back-to-back calls per sample,
+per-call time (how data parallel issues its gradient buckets), and *single*
+calls right after the barrier (latency, barrier exit skew included; there the
+check's extra collective costs 10-20 us, against about 5 us in a stream).  The
 table gives the medians and pyflow's overhead in percent, with the agreement
 check on (the default: one extra 13-int64 Allgather per call, see
 ``comm/communicator.py``) and off (``check=False``).  Target (issue 5): at most
@@ -40,15 +41,15 @@ def worker(repeats, warmup, calls):
     rows = []
     for mb in SIZES_MB:
         n = mb * 2**20 // 4
-        # One buffer per case, every page touched (np.zeros maps pages lazily), so
-        # no case runs on memory another has just brought into cache.
-        raw = np.full(n, 1e-3, np.float32)
-        t = pyflow.full((n,), 1e-3, dtype=pyflow.float32)
-        t2 = pyflow.full((n,), 1e-3, dtype=pyflow.float32)
+        # One buffer for every case (mpi4py reduces the tensor's own array), every
+        # page touched: each case runs on memory the case before it has just
+        # used, so no case gains from a luckier physical placement or cache.
+        t = pyflow.zeros((n,), dtype=pyflow.float32)
+        raw = t.numpy()
         cases = {
             "mpi4py": lambda: mpi.Allreduce(MPI.IN_PLACE, [raw, MPI.FLOAT], MPI.SUM),
             "pyflow": lambda: w.all_reduce(t),
-            "pyflow_nocheck": lambda: w.all_reduce(t2, check=False),
+            "pyflow_nocheck": lambda: w.all_reduce(t, check=False),
         }
         names = list(cases)
         for _ in range(warmup):

@@ -103,6 +103,8 @@ _WIRE = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
          np.dtype(np.int32): MPI.INT32_T, np.dtype(np.int64): MPI.INT64_T,
          np.dtype(np.bool_): MPI.C_BOOL}
 _ARITH_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+_DIRECT_OPS = ("sum", "max", "min")        # all_reduce's direct path (no avg division)
+_DIRECT_DTYPES = (_dt.float32, _dt.float64, _dt.int32, _dt.int64)
 _BOOL_OPS = {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND}
 
 
@@ -431,6 +433,17 @@ class Communicator:
     # ----------------------------------------------------------------- all_reduce
     def all_reduce(self, tensor, op="sum", check=None):
         """Reduce ``tensor`` over all ranks, in place; returns it."""
+        data = getattr(tensor, "_data", None)
+        if type(data) is np.ndarray and data.flags.c_contiguous and op in _DIRECT_OPS \
+                and type(tensor) is Tensor and tensor.dtype in _DIRECT_DTYPES:
+            # The common case straight to MPI, with no Work, MPIBuffer or closure:
+            # Python time between two collectives costs several times itself (the
+            # ranks leave the previous one skewed).  4 MB streams, check off:
+            # +3.2-4.7% over raw mpi4py through _all_reduce, +0.9-2.1% like this.
+            self._agree("all_reduce", "all_reduce", tensor, op, check=check)
+            self.mpi.Allreduce(MPI.IN_PLACE, [data, _WIRE[data.dtype]], _ARITH_OPS[op])
+            tensor._version[0] += 1
+            return tensor
         return self._all_reduce("all_reduce", tensor, op, check, blocking=True).wait()
 
     def iall_reduce(self, tensor, op="sum", check=None):

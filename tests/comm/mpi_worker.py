@@ -87,8 +87,10 @@ def check_all_reduce(dtype, op, blocking, transposed):
     base = mine._base
     want = reduce_ref(np.stack([host_values(make(r, dtype, shape, 1, transposed))
                                 for r in range(SIZE)]), op, dtype)
+    version = mine._version[0]
     out = W.all_reduce(mine, op) if blocking else W.iall_reduce(mine, op).wait()
     assert out is mine, "all_reduce must return its (in-place) input"
+    assert mine._version[0] > version, "all_reduce writes in place: the version must move"
     assert_close(mine, want, dtype, f"all_reduce {op}")
     if transposed:                 # the write-back reached the storage of the view
         assert_close(base.t(), want, dtype, "all_reduce base")
