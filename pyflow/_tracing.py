@@ -45,6 +45,11 @@ def _any_global(args):
     return False
 
 
+def recording():
+    """True while a graph trace records the ops called at the top of build()."""
+    return tracer is not None and not tracer.depth
+
+
 def note_inplace(dst, result):
     """Called by in-place ops before writing ``result`` into ``dst``.  Returns
     True when the tracer took over the write (so the op must not write)."""

@@ -5,15 +5,19 @@ backward is one fused kernel giving dx, dweight and dbias.  When the backward
 itself is being recorded (double backward) the same formulas are written with
 pyflow ops, recomputing the statistics from x so they are differentiated too.
 
-batch_norm's running statistics are buffers: updated in place, outside autograd.
+batch_norm's running statistics are buffers: updated in place (``copy_``
+under ``no_grad``), outside autograd.  batch_norm is made of ops only
+(BatchNormStats, RunningAverage, BatchNorm), so a graph traces it like any
+other code: its running statistics become ``assign`` nodes and its backward
+a node of the graph's autograd pass.
 """
 import math
 import numbers
 
 import numpy as np
 
-from .._tracing import recordable
-from ..autograd import Function, is_grad_enabled
+from .. import dtypes as _dt
+from ..autograd import Function, is_grad_enabled, no_grad
 from ..tensor import Tensor
 from ._util import array_module, check_tensor, compute_array, kernel, wrap
 
@@ -105,15 +109,23 @@ def _as_ncs(arr):
 
 
 class BatchNorm(Function):
-    """(x - mean) * rstd * weight + bias per channel; mean/rstd come from the
-    batch (training) or the running statistics (eval), decided by the caller."""
+    """(x - mean) / sqrt(var + eps) * weight + bias per channel.  ``mean`` and
+    ``var`` are tensors of C values: the batch's (training, from
+    BatchNormStats) or the running statistics (eval), decided by the caller.
+    No gradient flows to them; the training backward differentiates through
+    the batch statistics itself."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, mean, rstd, training, eps):
+    def forward(ctx, x, weight, bias, mean, var, training, eps):
         dt = x.dtype
+        # ctx keeps its own copy: the running statistics change in place
+        mean_a = compute_array(mean, dt).copy()
+        var_a = compute_array(var, dt)
+        rstd = (1.0 / array_module(var_a).sqrt(var_a.astype(np.float64) + eps)).astype(
+            mean_a.dtype)
         out = kernel("batch_norm_apply", x.device.type)(
-            _as_ncs(compute_array(x, dt)), mean, rstd, _maybe(weight, dt), _maybe(bias, dt))
-        ctx.mean, ctx.rstd, ctx.training, ctx.eps = mean, rstd, training, eps
+            _as_ncs(compute_array(x, dt)), mean_a, rstd, _maybe(weight, dt), _maybe(bias, dt))
+        ctx.mean, ctx.rstd, ctx.training, ctx.eps = mean_a, rstd, training, eps
         ctx.has_bias = bias is not None
         ctx.save_for_backward(x, weight)
         return wrap(out.reshape(x.shape), dt, x.device)
@@ -136,6 +148,46 @@ class BatchNorm(Function):
                 None, None, None, None)
 
 
+class BatchNormStats(Function):
+    """Per-channel mean and biased variance of an (N, C, ...) batch, in the
+    compute dtype.  No gradient flows through them (BatchNorm's training
+    backward accounts for them)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        mean, var = kernel("batch_norm_stats", x.device.type)(
+            _as_ncs(compute_array(x, x.dtype)))
+        dt = _dt.from_numpy(mean.dtype)
+        out = Tensor._make(mean, dt, x.device), Tensor._make(var, dt, x.device)
+        ctx.mark_non_differentiable(*out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g_mean, g_var):
+        return (None,)
+
+
+class RunningAverage(Function):
+    """A running statistic's next value: ``(1 - momentum) * running + momentum
+    * scale * batch``, computed in float64 and stored in ``running``'s dtype
+    (no gradient).  batch_norm writes it back with ``copy_``, which a graph
+    records as an ``assign`` of the state tensor."""
+
+    @staticmethod
+    def forward(ctx, running, batch, momentum, scale):
+        old = running._compute()
+        xp = array_module(old)
+        new = (1.0 - momentum) * xp.asarray(old, np.float64) + \
+            momentum * (xp.asarray(batch._compute(), np.float64) * scale)
+        out = wrap(new, running.dtype, running.device)
+        ctx.mark_non_differentiable(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, None, None, None
+
+
 def _batch_norm_grads(g, x, w, ctx):
     """The backward with ops (differentiable again)."""
     C = x.shape[1]
@@ -156,15 +208,6 @@ def _batch_norm_grads(g, x, w, ctx):
     return dx, (g * xhat).sum(dims), g.sum(dims)
 
 
-def _update_running(buf, batch_value, momentum):
-    """buf = (1 - momentum) * buf + momentum * batch_value, in place, no autograd."""
-    old = buf._compute()
-    new = (1.0 - momentum) * array_module(old).asarray(old, np.float64) + momentum * batch_value
-    buf._data[...] = wrap(new, buf.dtype, buf.device)._data
-    buf._version[0] += 1
-
-
-@recordable(differentiable=True)   # reads and updates the running statistics
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
                momentum=0.1, eps=1e-5):
     """Batch normalization over (N, C), (N, C, L), (N, C, H, W) ... inputs, per channel C."""
@@ -184,28 +227,26 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                                    f"dim of input {list(input.shape)}), got {list(t.shape)}")
     if not isinstance(momentum, numbers.Real) or isinstance(momentum, Tensor):
         raise TypeError(f"batch_norm(): momentum must be a float, got {momentum!r}")
-    dt = input.dtype
     if training and input._placement is not None:
-        # batch statistics need every sample; they are computed below on the array,
-        # outside any op (BatchNorm itself has the all-broadcast signature)
+        # batch statistics need every sample (BatchNormStats and BatchNorm have the
+        # all-broadcast signature)
         from ..distributed.global_tensor import replicated
         input = replicated(input)
-    x3 = _as_ncs(compute_array(input, dt))
     if training:
-        count = x3.shape[0] * x3.shape[2]
+        count = input.shape[0] * math.prod(input.shape[2:])
         if count <= 1:
             raise ValueError(f"Expected more than 1 value per channel when training, got input "
                              f"size {list(input.shape)}")
-        mean, var = kernel("batch_norm_stats", input.device.type)(x3)
-        if running_mean is not None:
-            _update_running(running_mean, mean.astype(np.float64), momentum)
-        if running_var is not None:  # the running estimate is unbiased (n - 1)
-            _update_running(running_var, var.astype(np.float64) * count / (count - 1), momentum)
+        mean, var = BatchNormStats.apply(input)
+        with no_grad():         # the running estimate of the variance is unbiased (n - 1)
+            if running_mean is not None:
+                running_mean.copy_(RunningAverage.apply(running_mean, mean, momentum, 1.0))
+            if running_var is not None:
+                running_var.copy_(RunningAverage.apply(running_var, var, momentum,
+                                                       count / (count - 1)))
     else:
         if running_mean is None or running_var is None:
             raise RuntimeError("batch_norm(): running_mean and running_var must be given when "
                                "training=False (evaluation uses the running statistics)")
-        mean = compute_array(running_mean, dt).copy()
-        var = compute_array(running_var, dt)
-    rstd = (1.0 / array_module(var).sqrt(var.astype(np.float64) + eps)).astype(mean.dtype)
-    return BatchNorm.apply(input, weight, bias, mean, rstd, bool(training), float(eps))
+        mean, var = running_mean, running_var
+    return BatchNorm.apply(input, weight, bias, mean, var, bool(training), float(eps))

@@ -441,8 +441,11 @@ def copy_(input, src, non_blocking=False):
 
     def take(s, x):  # the new value: x broadcast to s's shape; s itself gets no gradient
         return Clone.apply(expand(x.to(s.dtype) if x.dtype is not s.dtype else x, tuple(s.shape)))
+    from .. import _tracing
     from ..autograd import is_grad_enabled
-    if is_grad_enabled() and (input.requires_grad or src.requires_grad):
+    if is_grad_enabled() and (input.requires_grad or src.requires_grad) or \
+            _tracing.recording() or input._placement is not None or src._placement is not None:
+        # recorded (by autograd, or as a graph's assign), or global: input keeps its SBP
         return _inplace(input, take, src)
     if src.device != input.device:          # a copy across devices (host <-> GPU)
         src = src.to(input.device)

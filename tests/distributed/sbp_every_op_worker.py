@@ -19,8 +19,17 @@ from tests.distributed.sbp_ops_worker import F, SIZE, check, pyflow, run_case  #
 
 from pyflow.autograd import Function  # noqa: E402
 from pyflow.ops import elementwise as ew  # noqa: E402
+from pyflow.ops.normalization import BatchNormStats  # noqa: E402
 
 n = SIZE
+
+
+def running_after_batch_norm(x, r):
+    """The running mean a training batch_norm leaves (plus the output's channel
+    means, so a gradient flows back to x)."""
+    running = r.detach().clone()
+    y = F.batch_norm(x, running, None, training=True, momentum=0.3)
+    return running * r + y.mean((0, 2))
 
 
 def positive(a):
@@ -90,6 +99,9 @@ CASES = {
                                                                       (2 * n,)], ()),
     "BatchNorm": (lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
                   [(2 * n, n, 2), (n,), (n,)], ()),
+    "BatchNormStats": (lambda x: sum(BatchNormStats.apply(x)) + x.mean((0, 2)),
+                       [(2 * n, n, 2)], ()),
+    "RunningAverage": (lambda x, r: running_after_batch_norm(x, r), [(2 * n, n, 2), (n,)], ()),
     "_SoftmaxBase": (lambda a: F.softmax(a, -1) + F.log_softmax(a, 0)
                      + F.scaled_dot_product_attention(a, a, a, is_causal=True), [(n, 2 * n)], ()),
 }

@@ -232,8 +232,9 @@ def test_gradient_accumulation_equals_the_full_batch(executor):
 
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_batch_norm_running_statistics_and_in_place_ops(executor):
-    """batch_norm updates its buffers on every call (recorded whole, run eagerly);
-    in-place ops on intermediates and on a registered buffer are recorded."""
+    """batch_norm updates its buffers on every call (traced through: its
+    running statistics are assign nodes, its backward a node of the autograd
+    pass); in-place ops on intermediates and on a registered buffer are recorded."""
     class Net(pf.nn.Module):
         def __init__(self):
             super().__init__()
@@ -257,6 +258,12 @@ def test_batch_norm_running_statistics_and_in_place_ops(executor):
         b2 = dict(graphed.named_buffers())[name]
         np.testing.assert_allclose(b2.cpu().numpy(), b1.cpu().numpy(), rtol=1e-5, err_msg=name)
     assert float(graphed.calls) == 3.0
+    nodes = graph.plans[0].graph.nodes
+    from pyflow.ops.normalization import BatchNorm, batch_norm
+    assert not [n for n in nodes if n.target is batch_norm]    # not recorded whole
+    assert [n for n in nodes if n.kind == "call" and n.target is BatchNorm]
+    written = {n.attrs["state"].name for n in nodes if n.kind == "assign"}
+    assert {"model.bn.running_mean", "model.bn.running_var"} <= written, written
 
 
 @pytest.mark.parametrize("registers", [1, pytest.param(2, marks=pytest.mark.cpu_only),

@@ -99,6 +99,25 @@ def test_hidden_in_place_write_to_a_parameter_is_an_error():
         FnGraph(build, model)(pf.randn(2, 4))
 
 
+def test_copy_into_a_buffer_under_no_grad_is_an_assign():
+    """``buffer.copy_(...)`` in build() under no_grad writes the buffer on every
+    call, as in eager mode (it used to be refused as a hidden in-place write)."""
+    class Counter(pf.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("total", pf.zeros(3))
+
+        def forward(self, x):
+            with pf.no_grad():
+                self.total.copy_(self.total + x)
+            return x * 2.0
+    g = FnGraph(lambda self, x: self.model(x), Counter())
+    for _ in range(3):
+        g(pf.ones(3))
+    np.testing.assert_array_equal(g.model.total.numpy(), [3.0, 3.0, 3.0])
+    assert [n.kind for n in g.plans[0].graph.nodes].count("assign") == 1
+
+
 def test_state_is_read_live_not_frozen():
     g = FnGraph(lambda self, x: self.model(x))
     x = pf.randn(3, 4)
