@@ -22,7 +22,10 @@ compute, 263-267 ms against 261-262 ms (bench/graph_step.py's model, separate
 processes, medians of 12 steps).  With the passive default the two differed
 by no more than the machine's noise.
 
-A pooled watchdog thread (or the caller, when it runs no stream) watches:
+Who watches: the caller's own loop when it runs a stream and no timeout is
+set (it looks whenever no message came for 50 ms, so a run costs no extra
+thread), else a pooled watchdog thread (or the caller, when it runs no
+stream):
 
 - all actors ended            -> stop the threads, join them, return the sinks;
 - an actor raised             -> every thread leaves its loop at its next
@@ -167,6 +170,7 @@ class _Run:
                     consumer.sync = producer.sync = device
         self.started = None
         self.watch_error = None           # a timeout or deadlock the watchdog found
+        self._last_taken = None           # _idle_check's last look
 
     def _make_actor(self, spec, iterations):
         stream = self.streams[self.graph.stream_of(spec.name)]
@@ -228,6 +232,8 @@ class _Run:
                 self.stop_streams()
             if own is None:
                 self._watch(timeout)
+            elif timeout is None:         # the caller's loop looks for deadlock when idle
+                own.loop(idle=self._idle_check)
             else:
                 watchdog = run_pooled("watchdog", lambda: self._watch_in_background(timeout),
                                       role="watch")
@@ -246,7 +252,8 @@ class _Run:
                 if self.aborted:          # a timeout or deadlock it found: wait for it
                     watchdog.wait(JOIN_S)
                 # else it leaves at once, on its own: waiting for it made a short
-                # run's fixed cost 283 us instead of 150-168 (bench/graph_overhead.py)
+                # run's fixed cost 283 us instead of 150-168 (bench/graph_overhead.py;
+                # 109-124 us with no watchdog thread, as when timeout is None)
         results = self._let_go() if all(s.finished.is_set() for s in pooled) else None
         if self.watch_error is not None:
             raise self.watch_error
@@ -282,6 +289,16 @@ class _Run:
             elif isinstance(a, SourceActor):
                 a.iterator = iter(())
         return results
+
+    def _idle_check(self):
+        """Called by the caller's own loop after IDLE_S without a message: a
+        deadlock if still nothing moved since the last look."""
+        taken = self._quiescent_taken()
+        if taken is not None and taken == self._last_taken:
+            self.abort()
+            raise DeadlockError("deadlock: actors are alive but no message is moving:\n"
+                                + self.state())
+        self._last_taken = taken
 
     def _watch_in_background(self, timeout):
         try:

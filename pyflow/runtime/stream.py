@@ -30,6 +30,8 @@ from collections import deque
 
 from .messages import Stop
 
+IDLE_S = 0.05                # how long a watching loop waits for a message before looking
+
 
 class Stream:
     def __init__(self, name, run):
@@ -53,14 +55,23 @@ class Stream:
     def join(self, timeout):
         return self.finished.wait(timeout)
 
-    def loop(self):
+    def loop(self, idle=None):
+        """Handle messages until Stop.  ``idle``: called whenever no message has
+        come for ``IDLE_S`` (the caller's loop watches the run that way)."""
         run, local = self.run, self.local
         while True:
             if local:
                 target, msg = local.popleft()
             else:
                 self.busy = False
-                target, msg = self.queue.get()
+                if idle is None:
+                    target, msg = self.queue.get()
+                else:
+                    try:
+                        target, msg = self.queue.get(timeout=IDLE_S)
+                    except queue.Empty:
+                        idle()
+                        continue
                 self.busy = True
             self.taken += 1
             if type(msg) is Stop or run.aborted:

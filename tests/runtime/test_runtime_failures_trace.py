@@ -7,6 +7,7 @@ import traceback
 
 import pytest
 
+from pyflow.runtime import runtime as runtime_module
 from pyflow.runtime import (ActorError, DeadlockError, Runtime, RunTimeoutError, TaskGraph,
                             Tracer)
 from tests.runtime.conftest import stream_threads
@@ -70,12 +71,22 @@ def test_wrong_number_of_outputs_is_an_actor_error():
     assert isinstance(info.value.__cause__, TypeError)
 
 
-def test_deadlock_is_reported_not_hung():
+@pytest.mark.parametrize("timeout", [10, None])
+def test_deadlock_is_reported_not_hung(timeout):
+    """With a timeout a watchdog thread watches; without one (how graphs run)
+    the caller's own loop looks whenever no message comes, and no thread
+    named pyflow-watch-* runs."""
     g = TaskGraph()
-    x = g.source("data", range(3))
+    x = g.source("data", range(3), stream="data")
     g.actor("acc", lambda a, v: a + v, inputs=["acc", x], registers=1, initial=0)
-    with pytest.raises(DeadlockError, match=r"acc: fired 0 times, waits for a free register"):
-        Runtime(g, check=False).run(timeout=10)
+    watchers = []
+    real = runtime_module.run_pooled
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runtime_module, "run_pooled",
+                   lambda name, fn, role="stream": watchers.append(role) or real(name, fn, role))
+        with pytest.raises(DeadlockError, match=r"acc: fired 0 times, waits for a free register"):
+            Runtime(g, check=False).run(timeout=timeout)
+    assert watchers == ([] if timeout is None else ["watch"])
 
 
 @pytest.mark.parametrize("caller_stream", ["compute", None])
