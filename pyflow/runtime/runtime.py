@@ -65,6 +65,7 @@ from .trace import TRACE_ENV, Tracer
 POLL_S = 0.05                     # how often the watchdog looks for deadlock/timeout
 JOIN_S = 1.0                      # how long to wait for each thread when stopping
 CALLER_STREAM = "compute"         # the stream whose loop run()'s caller runs itself
+DEVICE_METHODS = ("current", "stream", "use", "record", "wait")   # device.py's protocol
 
 
 class ActorError(RuntimeError):
@@ -97,6 +98,11 @@ class Runtime:
         """`check=False` skips the liveness check (to watch a deadlock get reported).
         ``device``: a device object (device.py) whose events link the streams'
         device work; None when kernels finish before their launch returns (CPU)."""
+        missing = [m for m in DEVICE_METHODS if not callable(getattr(device, m, None))]
+        if device is not None and missing:
+            raise TypeError(f"Runtime(device=...) must have the methods {DEVICE_METHODS} "
+                            f"(pyflow/runtime/device.py); {type(device).__name__} lacks "
+                            f"{missing}")
         graph.check(liveness=check)
         self.graph = graph
         self.device = device

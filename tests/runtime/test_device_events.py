@@ -160,3 +160,10 @@ def test_the_runtime_takes_cuda_events_only_on_a_real_gpu():
     gpu = pf.cuda.is_available() and not pf.cuda.simulated()
     got = completion_for({pf.device("cpu"), "cuda"})
     assert isinstance(got, CudaCompletion) if gpu else got is None
+
+
+def test_a_device_object_without_the_protocol_is_refused():
+    g = TaskGraph()
+    g.sink("out", g.source("data", range(2)))
+    with pytest.raises(TypeError, match=r"device=.*lacks \['record', 'wait'\]"):
+        Runtime(g, device=type("Half", (), {"current": id, "stream": id, "use": id})())
