@@ -30,12 +30,6 @@ become one call that MKL spreads over its threads.  Its threading layer is
 GNU OpenMP, the runtime numba's ``omp`` layer already loaded, so the two share
 one pool of threads instead of fighting for the cores.
 
-Which MKL.  The ``mkl`` extra asks for 2024 or 2025.  MKL 2026.2 ran six of
-the GPT-mini's SGEMM shapes (512x256x768 ... 2048x1024x256) 13-14% slower
-than PyTorch's bundled MKL 2024.0; MKL 2024.0, 2024.2 and 2025.3 were 0.5-4%
-slower, on 1 and 2 threads (each library in its own process, 2026-12-02).
-Forcing 2026 to AVX2 (``MKL_ENABLE_INSTRUCTIONS``) did not change it.
-
 ``PYFLOW_BLAS`` picks: ``auto`` (the default: MKL when found), ``mkl`` (an
 error when it is not installed) or ``numpy``.  Only float32/float64 operands
 of one dtype whose matrices BLAS can read in place (unit stride along rows or
