@@ -15,6 +15,14 @@ it into (N, O, L).  The backward turns ``grad_out`` into (O, N*L) once and
 uses it for the weight gradient (``g @ cols.T``, BLAS reads the transpose in
 place), the input gradient (``W.T @ g`` then col2im) and the bias gradient.
 
+A 1x1 convolution with stride 1 and no padding needs no im2col: per image,
+``y[n] = W @ x[n]`` is a GEMM on the NCHW layout itself, and the input
+gradient ``gx[n] = W.T @ gy[n]`` likewise, so one batched GEMM replaces
+im2col, the output transpose and col2im.  Per-image GEMMs are small when the
+image is: below ``POINTWISE_MIN_PIXELS`` output pixels the one big GEMM of
+im2col wins (ResNet-50's 1x1 convolutions, batch 8: 16x16 maps 710 -> 370 us
+forward, 2x2 maps 595 -> 1303 us).  Most of ResNet's convolutions are 1x1.
+
 ``padding`` is (top, left); bottom/right padding is implied by the output size
 (it may differ from top/left for ``padding='same'``), and im2col's bounds check
 writes the zeros of every side.
@@ -95,6 +103,16 @@ def col2im(cols, kh, kw, sh, sw, ph, pw, dh, dw, Ho, Wo, out):
                         out[n, c, ih, ow * sw + iw0] += cols[row, base + ow]
 
 
+POINTWISE_MIN_PIXELS = 16
+
+
+def _pointwise(w_shape, stride, padding, groups, out_hw):
+    """True for a 1x1, stride-1, unpadded convolution worth per-image GEMMs."""
+    return (w_shape[2] == 1 and w_shape[3] == 1 and tuple(stride) == (1, 1)
+            and tuple(padding) == (0, 0) and groups == 1
+            and out_hw[0] * out_hw[1] >= POINTWISE_MIN_PIXELS)
+
+
 def _im2col(x, kh, kw, stride, padding, dilation, out_hw):
     N, C = x.shape[:2]
     cols = np.empty((C * kh * kw, N * out_hw[0] * out_hw[1]), x.dtype)
@@ -109,6 +127,13 @@ def conv2d(x, w, bias, stride, padding, dilation, groups, out_hw, keep_cols):
     N = x.shape[0]
     O, Cg, kh, kw = w.shape
     Ho, Wo = out_hw
+    if _pointwise(w.shape, stride, padding, groups, out_hw):
+        y = np.empty((N, O, Ho, Wo), x.dtype)
+        blas.matmul(w.reshape(O, Cg), np.ascontiguousarray(x).reshape(N, Cg, Ho * Wo),
+                    out=y.reshape(N, O, Ho * Wo))
+        if bias is not None:
+            y += bias.reshape(1, O, 1, 1)
+        return y, None          # the backward reads x itself
     cols = _im2col(x, kh, kw, stride, padding, dilation, out_hw)
     Og, Kg = O // groups, Cg * kh * kw
     w2 = w.reshape(O, Kg)
@@ -135,6 +160,9 @@ def conv2d_backward(x, w, gy, cols, x_shape, w_shape, stride, padding, dilation,
     """
     N, O, Ho, Wo = gy.shape
     dt = gy.dtype
+    if _pointwise(w_shape, stride, padding, groups, (Ho, Wo)):
+        return _pointwise_backward(x, w, gy, x_shape, w_shape, need_input, need_weight,
+                                   need_bias)
     g2 = np.empty((O, N * Ho * Wo), dt)           # grad_out as (O, N*L): one copy, used 3x
     g2.reshape(O, N, Ho, Wo)[...] = gy.transpose(1, 0, 2, 3)
     gx = gw = gb = None
@@ -167,4 +195,29 @@ def conv2d_backward(x, w, gy, cols, x_shape, w_shape, stride, padding, dilation,
         gx = np.empty(x_shape, dt)
         col2im(gcols, kh, kw, stride[0], stride[1], padding[0], padding[1],
                dilation[0], dilation[1], Ho, Wo, gx)
+    return gx, gw, gb
+
+
+def _pointwise_backward(x, w, gy, x_shape, w_shape, need_input, need_weight, need_bias):
+    """conv2d_backward of a 1x1 convolution (``_pointwise``), on the NCHW layout."""
+    N, O, Ho, Wo = gy.shape
+    C, L, dt = w_shape[1], Ho * Wo, gy.dtype
+    gy3 = np.ascontiguousarray(gy).reshape(N, O, L)
+    gx = gw = gb = None
+    if need_bias:
+        gb = gy3.sum(axis=(0, 2))
+    if need_weight:
+        x3 = np.ascontiguousarray(x).reshape(N, C, L)
+        gw = np.empty(w_shape, dt)
+        if O * C <= L * (O + C):    # N small products, summed: less memory than two transposes
+            per = np.empty((N, O, C), dt)
+            blas.matmul(gy3, x3.transpose(0, 2, 1), out=per)
+            np.sum(per, axis=0, out=gw.reshape(O, C))
+        else:                       # one GEMM over every pixel of every image
+            g2 = np.ascontiguousarray(gy3.transpose(1, 0, 2)).reshape(O, N * L)
+            x2 = np.ascontiguousarray(x3.transpose(1, 0, 2)).reshape(C, N * L)
+            blas.matmul(g2, x2.T, out=gw.reshape(O, C))
+    if need_input:
+        gx = np.empty(x_shape, dt)
+        blas.matmul(w.reshape(O, C).T, gy3, out=gx.reshape(N, C, L))
     return gx, gw, gb

@@ -176,6 +176,25 @@ def test_conv2d_fused_and_differentiable_backward_agree():
         assert_close(f, g, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("channels", [(2, 3), (48, 48)])   # the two weight-gradient forms
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_conv2d_pointwise_path(channels, layout):
+    """1x1, stride 1, unpadded, >= POINTWISE_MIN_PIXELS output pixels: per-image
+    GEMMs on the NCHW layout instead of im2col (kernels/cpu/conv.py)."""
+    from pyflow.kernels.cpu import conv as conv_kernels
+    C, O = channels
+    H, W = 4, 5
+    assert H * W >= conv_kernels.POINTWISE_MIN_PIXELS
+    assert conv_kernels._pointwise((O, C, 1, 1), (1, 1), (0, 0), 1, (H, W))
+    # (2, 3): per-image products summed; (48, 48): one GEMM over every pixel
+    assert (O * C <= H * W * (O + C)) == (C == 2)
+    rng = np.random.default_rng(11)
+    x, tx = make_input(rng, (2, C, H, W), layout)
+    w, b = rng.standard_normal((O, C, 1, 1)), rng.standard_normal(O)
+    assert_close(pf.conv2d(tx, pf.tensor(w), pf.tensor(b)), conv2d_ref(x, w, b), rtol=1e-10)
+    check_grad(lambda a, k, c: pf.conv2d(a, k, c), [x, w, b])
+
+
 def test_conv2d_keeps_or_recomputes_im2col(monkeypatch):
     from pyflow.ops import conv as conv_ops
     rng = np.random.default_rng(4)
