@@ -8,8 +8,7 @@ moved the results by up to 10% either way).  They are timed alternately
 after a barrier, and a sample is the slowest rank's time.  Two ways, both
 printed: a *stream* of ``--calls`` (10) back-to-back calls per sample,
 per-call time (how data parallel issues its gradient buckets), and *single*
-calls right after the barrier (latency, barrier exit skew included; there the
-check's extra collective costs 10-20 us, against about 5 us in a stream).  The
+calls right after the barrier (latency, barrier exit skew included).  The
 table gives the medians and pyflow's overhead in percent, with the agreement
 check on (the default: one extra 13-int64 Allgather per call, see
 ``comm/communicator.py``) and off (``check=False``).  Target (issue 5): at most
