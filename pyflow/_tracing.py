@@ -16,8 +16,8 @@ def recordable(fn=None, *, random=False, differentiable=False, elementwise=False
     """Make an op visible to the tracer as one ``fn`` node of the graph.
 
     For ops that are not autograd Functions (comparisons, creation ops), and
-    for public ops that do data-dependent work around their Functions (class
-    targets checked and counted by ``cross_entropy``): the whole call is one
+    for public ops that do data-dependent work around their Functions (indices
+    checked on the host by ``embedding``): the whole call is one
     node, so nothing inside it is baked into the graph.  ``random=True`` marks
     ops that draw from a generator (run again on every call, never folded);
     ``differentiable=True`` makes the graph differentiate the node by running

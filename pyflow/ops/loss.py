@@ -12,7 +12,6 @@ import numbers
 
 import numpy as np
 
-from .._tracing import recordable
 from .. import dtypes as _dt
 from ..autograd import Function
 from ..tensor import Tensor
@@ -48,7 +47,7 @@ def _reduce(loss, reduction):
 # ------------------------------------------------------------------ class-index targets
 def _rows(input, target, op):
     """(N, C, d1..) / (C,) input and (N, d1..) / () target -> (M, C) rows, (M,) target
-    array, the unreduced loss shape and the number of classes."""
+    rows, the unreduced loss shape and the number of classes."""
     check_tensor(input, "input", op)
     check_tensor(target, "target", op)
     check_same_device(op, ("input", input), target=target)
@@ -59,7 +58,7 @@ def _rows(input, target, op):
         if target.ndim != 0:
             raise ValueError(f"{op}(): for an unbatched input of shape {list(input.shape)} the "
                              f"target must be 0-dim, got shape {list(target.shape)}")
-        return input.reshape(1, -1), target._data.reshape(1), (), input.shape[0]
+        return input.reshape(1, -1), target.reshape(1), (), input.shape[0]
     C = input.shape[1]
     out_shape = (input.shape[0],) + tuple(input.shape[2:])
     if target.shape[:1] != input.shape[:1]:
@@ -69,13 +68,18 @@ def _rows(input, target, op):
         raise RuntimeError(f"{op}(): expected target of shape {list(out_shape)} for input of "
                            f"shape {list(input.shape)}, got {list(target.shape)}")
     rows = input if input.ndim == 2 else input.movedim(1, -1).reshape(-1, C)
-    return rows, target._data.reshape(-1), out_shape, C
+    return rows, target.reshape(-1), out_shape, C
+
+
+def _check_target_dtype(target, op):
+    if np.dtype(target.dtype.storage).kind not in "iu":
+        raise TypeError(f"{op}(): class-index target must be an integer tensor (int64), got "
+                        f"{target.dtype}")
 
 
 def _check_targets(t, C, ignore_index, op):
-    if t.dtype.kind not in "iu":
-        raise TypeError(f"{op}(): class-index target must be an integer tensor (int64), got "
-                        f"{t.dtype}")
+    """Class indices ``t`` (an int array) in [0, C) or ``ignore_index``.  Runs in the
+    loss Function's forward, so a graph checks every call's targets too."""
     valid = t[t != ignore_index]
     # (on a device: min and max come to the host, like PyTorch's device-side assert)
     if valid.size and (int(valid.min()) < 0 or int(valid.max()) >= C):
@@ -97,52 +101,59 @@ def _check_weight(weight, C, op, input):
     return weight
 
 
-def _target_weight_sum(t, weight, ignore_index):
-    """The 'mean' denominator: sum of w[target] over non-ignored targets (0 -> NaN)."""
-    kept = t[t != ignore_index]
-    if weight is None:
-        return float(kept.size)
-    w = weight._compute()
-    return float(array_module(w).asarray(w, np.float64)[kept].sum())
-
-
-def _target_arg(x, target, t):
-    """What the loss Function gets as its target: the checked (M,) index array, or
-    for global tensors the target tensor itself (the SBP dispatch must see it)."""
-    if x._placement is None and target._placement is None:
-        return t
-    return target.reshape(-1) if target.ndim else target.reshape(1)
-
-
 def _target_array(target):
     if isinstance(target, Tensor):
         return array_module(target._data).asarray(target._data, np.int64).reshape(-1)
     return target
 
 
-def _global_weight_sum(target, weight, ignore_index, dtype):
-    """The 'mean' denominator of a global loss, with global ops on the target (so
-    a split target gives a partial sum of per-rank counts)."""
+class TargetWeightSum(Function):
+    """The 'mean' denominator of a class-index loss: the sum of weight[target] over
+    the targets that are not ``ignore_index`` (their count without weights),
+    computed on the host in float64, as one node a graph traces.  No gradient."""
+
+    @staticmethod
+    def forward(ctx, target, weight, ignore_index, dtype):
+        t = _target_array(target)
+        kept = t[t != ignore_index]
+        if weight is None:
+            total = float(kept.size)
+        else:
+            w = weight._compute()
+            total = float(array_module(w).asarray(w, np.float64)[kept].sum())
+        out = wrap(array_module(t).asarray(total, dtype.compute), dtype, target.device)
+        ctx.mark_non_differentiable(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, None, None, None
+
+
+def _global_weight_sum(tg, weight, ignore_index, dtype):
+    """TargetWeightSum for global tensors, with ops, so a split target gives a
+    partial sum of per-rank counts instead of being gathered."""
     from .elementwise import where
-    tg = target.reshape(-1) if target.ndim else target.reshape(1)
     keep = tg != ignore_index
     if weight is None:
         return keep.sum().to(dtype)
     return (weight[where(keep, tg, 0)] * keep).sum().to(dtype)
 
 
-def _finish(loss_rows, t, weight, ignore_index, reduction, out_shape, target=None):
+def _finish(loss_rows, tg, weight, ignore_index, reduction, out_shape):
     if reduction == "none":
         return loss_rows.reshape(out_shape)
     total = loss_rows.sum()
     if reduction == "sum":
         return total
-    if loss_rows._placement is not None:
-        den = _global_weight_sum(target, weight, ignore_index, total.dtype)
-    else:
-        den = _target_weight_sum(t, weight, ignore_index)
+    if loss_rows._placement is not None or tg._placement is not None:
+        den = _global_weight_sum(tg, weight, ignore_index, total.dtype)
+    else:   # a count in float16 would overflow at 65,504, and round in bfloat16
+        den = TargetWeightSum.apply(tg, weight, int(ignore_index),
+                                    _dt.float32 if total.dtype.itemsize < 4 else total.dtype)
     with np.errstate(invalid="ignore", divide="ignore"):  # all ignored: 0 / 0 = NaN, silently
-        return total / den
+        mean = total / den
+    return mean if mean.dtype is total.dtype else mean.to(total.dtype)
 
 
 class CrossEntropy(Function):
@@ -150,7 +161,7 @@ class CrossEntropy(Function):
 
     @staticmethod
     def forward(ctx, x, target, weight, ignore_index, smoothing):
-        target = _target_array(target)
+        target = _check_targets(_target_array(target), x.shape[1], ignore_index, "cross_entropy")
         dt = x.dtype
         xa = compute_array(x, dt)
         w = None if weight is None else compute_array(weight, dt)
@@ -184,7 +195,6 @@ class CrossEntropy(Function):
         return wrap(dx, dt, x.device), None, None, None, None
 
 
-@recordable(differentiable=True)   # checks and counts targets on the host
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                   reduction="mean", label_smoothing=0.0):
     """Cross entropy of logits ``input`` (C), (N, C) or (N, C, d1, ...) against class
@@ -199,12 +209,11 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         raise RuntimeError(f"cross_entropy(): expected floating point logits, got {input.dtype}")
     if target.dtype.is_floating_point:
         return _cross_entropy_probs(input, target, weight, reduction, label_smoothing)
-    x, t, out_shape, C = _rows(input, target, "cross_entropy")
+    _check_target_dtype(target, "cross_entropy")
+    x, tg, out_shape, C = _rows(input, target, "cross_entropy")
     weight = _check_weight(weight, C, "cross_entropy", input)
-    t = _check_targets(t, C, ignore_index, "cross_entropy")
-    loss = CrossEntropy.apply(x, _target_arg(x, target, t), weight, int(ignore_index),
-                              float(label_smoothing))
-    return _finish(loss, t, weight, ignore_index, reduction, out_shape, target)
+    loss = CrossEntropy.apply(x, tg, weight, int(ignore_index), float(label_smoothing))
+    return _finish(loss, tg, weight, ignore_index, reduction, out_shape)
 
 
 def _cross_entropy_probs(input, target, weight, reduction, smoothing):
@@ -225,7 +234,7 @@ def _cross_entropy_probs(input, target, weight, reduction, smoothing):
 class NLLLoss(Function):
     @staticmethod
     def forward(ctx, x, target, weight, ignore_index):
-        target = _target_array(target)
+        target = _check_targets(_target_array(target), x.shape[1], ignore_index, "nll_loss")
         dt = x.dtype
         w = None if weight is None else compute_array(weight, dt)
         loss = kernel("nll_loss", x.device.type)(compute_array(x, dt), target, w, ignore_index)
@@ -257,18 +266,17 @@ class NLLLossBackward(Function):
         return wrap(loss, gg.dtype, gg.device), None, None, None, None
 
 
-@recordable(differentiable=True)   # checks and counts targets on the host
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
              reduction="mean"):
     """Negative log likelihood of log-probabilities ``input`` at class indices ``target``."""
     reduction = _reduction(size_average, reduce, reduction)
-    x, t, out_shape, C = _rows(input, target, "nll_loss")
+    x, tg, out_shape, C = _rows(input, target, "nll_loss")
     if not input.dtype.is_floating_point:
         raise RuntimeError(f"nll_loss(): expected a floating point input, got {input.dtype}")
+    _check_target_dtype(target, "nll_loss")
     weight = _check_weight(weight, C, "nll_loss", input)
-    t = _check_targets(t, C, ignore_index, "nll_loss")
-    loss = NLLLoss.apply(x, _target_arg(x, target, t), weight, int(ignore_index))
-    return _finish(loss, t, weight, ignore_index, reduction, out_shape, target)
+    loss = NLLLoss.apply(x, tg, weight, int(ignore_index))
+    return _finish(loss, tg, weight, ignore_index, reduction, out_shape)
 
 
 # ------------------------------------------------------------------ regression losses

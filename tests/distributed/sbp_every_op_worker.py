@@ -19,6 +19,7 @@ from tests.distributed.sbp_ops_worker import F, SIZE, check, pyflow, run_case  #
 
 from pyflow.autograd import Function  # noqa: E402
 from pyflow.ops import elementwise as ew  # noqa: E402
+from pyflow.ops.loss import TargetWeightSum  # noqa: E402
 from pyflow.ops.normalization import BatchNormStats  # noqa: E402
 
 n = SIZE
@@ -91,6 +92,8 @@ CASES = {
     "Linear": (lambda x, w, b: F.linear(x, w, b), [(n, 2 * n), (n, 2 * n), (n,)], ()),
     "CrossEntropy": (lambda x, t: F.cross_entropy(x, t).reshape(1), [(2 * n, 5), (2 * n,)],
                      (1,)),
+    "TargetWeightSum": (lambda t, w: TargetWeightSum.apply(t, w, 3, pyflow.float64).reshape(1)
+                        * w.sum(), [(2 * n,), (5,)], (0,)),
     "NLLLoss": (lambda x, t: F.nll_loss(F.log_softmax(x, 1), t).reshape(1),
                 [(2 * n, 5), (2 * n,)], (1,)),
     "BCEWithLogits": (lambda x, y: F.binary_cross_entropy_with_logits(x, y.sigmoid()).reshape(1),

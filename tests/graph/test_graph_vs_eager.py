@@ -259,11 +259,26 @@ def test_batch_norm_running_statistics_and_in_place_ops(executor):
         np.testing.assert_allclose(b2.cpu().numpy(), b1.cpu().numpy(), rtol=1e-5, err_msg=name)
     assert float(graphed.calls) == 3.0
     nodes = graph.plans[0].graph.nodes
-    from pyflow.ops.normalization import BatchNorm, batch_norm
-    assert not [n for n in nodes if n.target is batch_norm]    # not recorded whole
+    from pyflow.ops.normalization import BatchNorm
     assert [n for n in nodes if n.kind == "call" and n.target is BatchNorm]
+    # batch_norm and cross_entropy are traced through: no node runs with eager autograd
+    assert not [n for n in nodes if n.kind == "fn" and n.attrs.get("differentiable")]
     written = {n.attrs["state"].name for n in nodes if n.kind == "assign"}
     assert {"model.bn.running_mean", "model.bn.running_var"} <= written, written
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_a_graph_checks_every_calls_class_targets(executor):
+    """cross_entropy is traced through, and its target check runs in the loss
+    node: a later call with a class index out of range is an error, not a
+    wrong loss."""
+    model = mlp()
+    graph = TrainGraph(model, pf.nn.CrossEntropyLoss(), pf.optim.SGD(model.parameters(), lr=0.1),
+                       executor)
+    x = pf.randn(4, 12)
+    graph(x, pf.tensor([0, 1, 2, 3]))
+    with pytest.raises(Exception, match=r"target 7 is out of bounds for 5 classes"):
+        graph(x, pf.tensor([0, 7, 2, 3]))
 
 
 @pytest.mark.parametrize("registers", [1, pytest.param(2, marks=pytest.mark.cpu_only),

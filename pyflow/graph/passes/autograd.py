@@ -12,8 +12,8 @@ at compile time, and writes the result down as nodes:
    ``call`` node that receives a gradient.  It runs that op's own backward
    rule, ``Function.backward(ctx, *grads)``, with the ctx its forward node
    saved at run time, and yields a gradient per input that needs one.  Ops
-   recorded whole (``recordable(differentiable=True)``, e.g. cross_entropy
-   with its data-dependent target checks) are differentiated by eager
+   recorded whole (``recordable(differentiable=True)``, e.g. embedding
+   with its data-dependent index checks) are differentiated by eager
    autograd over the tape their forward step kept;
 3. a Value read by several ops gets the sum of their gradients (an ``fn`` node
    calling ``add``), exactly as the eager engine sums pending gradients;

@@ -26,6 +26,7 @@ backward, and everything else dies at its last reader, as in eager mode.  A
 forward that cannot be probed (random ops, ops recorded whole) keeps all its
 inputs and outputs, the safe assumption.
 """
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -98,7 +99,11 @@ def _probe(node):
         return t
     args, kwargs = substitute((node.args, node.kwargs), lookup)
     ctx = autograd.Context()
-    with autograd.no_grad():
+    # The stand-ins are zeros: 0 / 0 and log(0) here say nothing about the real
+    # run.  errstate covers this thread; the warnings filter also covers the
+    # threads of numba's CUDA simulator, which run the kernels there.
+    with autograd.no_grad(), np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
         out = node.target.forward(ctx, *args, **kwargs)
     outs = out if type(out) is tuple else (out,)
     held = _held_arrays([t for t, _ in ctx._saved] + list(vars(ctx).values()), {})
