@@ -143,17 +143,20 @@ def _global_weight_sum(tg, weight, ignore_index, dtype):
 def _finish(loss_rows, tg, weight, ignore_index, reduction, out_shape):
     if reduction == "none":
         return loss_rows.reshape(out_shape)
-    total = loss_rows.sum()
     if reduction == "sum":
-        return total
+        return loss_rows.sum()
+    # a mean of half-precision losses is summed and divided in float32: a float16
+    # sum overflows at 65,504 (about 50,000 rows of loss 1.3), and a count rounds
+    # in bfloat16; the mean itself fits
+    half = loss_rows.dtype.itemsize < 4
+    total = (loss_rows.float() if half else loss_rows).sum()
     if loss_rows._placement is not None or tg._placement is not None:
         den = _global_weight_sum(tg, weight, ignore_index, total.dtype)
-    else:   # a count in float16 would overflow at 65,504, and round in bfloat16
-        den = TargetWeightSum.apply(tg, weight, int(ignore_index),
-                                    _dt.float32 if total.dtype.itemsize < 4 else total.dtype)
+    else:
+        den = TargetWeightSum.apply(tg, weight, int(ignore_index), total.dtype)
     with np.errstate(invalid="ignore", divide="ignore"):  # all ignored: 0 / 0 = NaN, silently
         mean = total / den
-    return mean if mean.dtype is total.dtype else mean.to(total.dtype)
+    return mean.to(loss_rows.dtype) if half else mean
 
 
 class CrossEntropy(Function):

@@ -95,6 +95,21 @@ def test_cross_entropy_float32_and_huge_logits():
     assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.cpu_only          # 70,000 rows: far too many for the CUDA simulator
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_half_mean_over_many_rows_does_not_overflow(dt):
+    """70,000 rows of loss ~1.4 sum past float16's 65,504: the mean is taken in
+    float32 and stored in the logits' dtype."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((70000, 3)).astype(np.float32)
+    t = rng.integers(0, 3, 70000)
+    logits = pf.tensor(x).to(getattr(pf, dt))
+    got = pf.nn.functional.cross_entropy(logits, pf.tensor(t))
+    assert got.dtype is logits.dtype
+    want = np_cross_entropy(logits.float().cpu().numpy().astype(np.float64), t)
+    assert abs(float(got) - want) < 1e-2 * abs(want)
+
+
 def test_all_ignored_and_unbatched():
     x = pf.tensor([[1.0, 2.0], [0.0, 1.0]])
     t = pf.tensor([IGNORE, IGNORE])
