@@ -98,8 +98,9 @@ class Runtime:
         """`check=False` skips the liveness check (to watch a deadlock get reported).
         ``device``: a device object (device.py) whose events link the streams'
         device work; None when kernels finish before their launch returns (CPU)."""
-        missing = [m for m in DEVICE_METHODS if not callable(getattr(device, m, None))]
-        if device is not None and missing:
+        missing = [] if device is None else \
+            [m for m in DEVICE_METHODS if not callable(getattr(device, m, None))]
+        if missing:
             raise TypeError(f"Runtime(device=...) must have the methods {DEVICE_METHODS} "
                             f"(pyflow/runtime/device.py); {type(device).__name__} lacks "
                             f"{missing}")
@@ -176,7 +177,7 @@ class _Run:
                     consumer.sync = producer.sync = device
         self.started = None
         self.watch_error = None           # a timeout or deadlock the watchdog found
-        self._last_taken = None           # _idle_check's last look
+        self._last_taken = None           # messages taken at _idle_check's last look
 
     def _make_actor(self, spec, iterations):
         stream = self.streams[self.graph.stream_of(spec.name)]
@@ -297,8 +298,9 @@ class _Run:
         return results
 
     def _idle_check(self):
-        """Called by the caller's own loop after IDLE_S without a message: a
-        deadlock if still nothing moved since the last look."""
+        """One look for a deadlock (by the watchdog every POLL_S, or by the
+        caller's own loop after IDLE_S without a message): DeadlockError if
+        still nothing moved since the last look."""
         taken = self._quiescent_taken()
         if taken is not None and taken == self._last_taken:
             self.abort()
@@ -316,18 +318,12 @@ class _Run:
         if self.alive == 0:               # an empty graph: nothing will ever end
             return
         deadline = None if timeout is None else self.started + timeout
-        last_taken = None
         while not self.done.wait(POLL_S):
             if deadline is not None and time.perf_counter() > deadline:
                 self.abort()
                 raise RunTimeoutError(f"run did not finish within {timeout} s:\n"
                                       + self.state())
-            taken = self._quiescent_taken()
-            if taken is not None and taken == last_taken:
-                self.abort()
-                raise DeadlockError("deadlock: actors are alive but no message is moving:\n"
-                                    + self.state())
-            last_taken = taken
+            self._idle_check()
 
     def _quiescent_taken(self):
         """Messages taken so far if no thread is busy and no message waits, else None.
