@@ -44,11 +44,23 @@ def interleaved(fns, repeats=7, number=1, warmup=2):
     return [statistics.median(s) for s in samples]
 
 
+def cpu_model():
+    """The CPU's model name (results differ between Intel and AMD machines)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine():
     import numpy
     import torch
     import pyflow
-    return (f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores, "
+    return (f"{cpu_model()}, {__import__('os').cpu_count()} cores, "
             f"Python {platform.python_version()}, numpy {numpy.__version__}, "
             f"torch {torch.__version__} ({torch.get_num_threads()} threads), pyflow {pyflow.__version__}")
 

@@ -4,18 +4,14 @@ PyTorch's user interface over numba kernels; see README.md and docs/.
 """
 import os as _os
 
-# numba's OpenMP worker threads spin after each parallel kernel by default and
-# fight BLAS's threads for the cores (measured: conv2d forward 10.3 ms instead of
-# 4.6 ms on 2 cores).  Must be set before numba loads its OpenMP runtime.
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# Likewise OpenBLAS (NumPy's BLAS) spins its idle threads for 2^28 cycles after
-# each GEMM, starving the numba kernel that follows (measured: small-CNN training
-# step 58 ms -> 12.6 ms with a short timeout; PyTorch in the same process gains
-# too).  OpenBLAS reads this when NumPy is first imported: import pyflow first,
-# or export OPENBLAS_THREAD_TIMEOUT=4 yourself.
-_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+# OpenMP and OpenBLAS workers must sleep, not spin, between kernels on a few
+# cores; both read that from the environment once, so it is set before NumPy
+# loads (and a pool that NumPy already started is restarted): see _threads.py.
+from . import _threads  # noqa: E402
+_threads.set_wait_policies()
 
 from . import _malloc  # noqa: E402,F401  (keeps freed tensor memory for reuse; see _malloc.py)
+_threads.restart_preloaded_openblas()
 
 # A source checkout keeps kernels/, comm/ and models/ beside pyflow/ (setup.cfg
 # installs them as pyflow.kernels, pyflow.comm, pyflow.models); let the same

@@ -10,9 +10,30 @@ bmm, linear) on the ``cuda`` device:
 
 Assignments are validated, so a typo fails where it is made instead of
 silently keeping the default.
-"""
 
-__all__ = ["cuda"]
+``pyflow.backends.cpu.threads`` reports the CPU thread pools' settings and
+what ``import pyflow`` did about pools that another library (PyTorch, or any
+import of NumPy) had started before it (``pyflow/_threads.py``).
+"""
+from . import _threads
+
+__all__ = ["cpu", "cuda"]
+
+
+class _CpuBackend:
+    """What pyflow's CPU kernels run on (read-only)."""
+
+    @property
+    def threads(self):
+        """The thread pools' wait settings, and whether NumPy or PyTorch was
+        imported before pyflow and what was done about it."""
+        return _threads.report()
+
+    def __repr__(self):
+        return f"pyflow.backends.cpu(threads={self.threads!r})"
+
+
+cpu = _CpuBackend()
 
 
 class _CudaBackend:

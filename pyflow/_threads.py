@@ -1,0 +1,129 @@
+"""Thread pools sharing a few cores: how pyflow sets them up, and what it
+does when PyTorch (or anything that imports NumPy) started them first.
+
+A CPU training step alternates between three kinds of parallel work: numba
+kernels (numba's ``omp`` layer, GNU OpenMP), MKL's GEMMs (GNU OpenMP too, the
+same pool: ``kernels/cpu/blas.py``) and OpenBLAS's GEMMs (NumPy's BLAS, a
+pthread pool of its own).  A pool that *spins* after its work waiting for
+more keeps its cores from the pool that runs next.  Both runtimes read their
+spin settings from the environment once, when they are loaded:
+
+* ``OMP_WAIT_POLICY=PASSIVE``: OpenMP workers sleep at once (measured: conv2d
+  forward 10.3 ms instead of 4.6 ms on 2 cores with spinning workers);
+* ``OPENBLAS_THREAD_TIMEOUT=4``: OpenBLAS workers sleep after 2^4 cycles
+  instead of spinning 2^28 (small-CNN training step 58 ms -> 12.6 ms).
+
+``import pyflow`` sets both (unless already set) before NumPy loads.  When
+NumPy was imported first -- ``import torch`` imports it, so does a data
+pipeline -- OpenBLAS has already read its environment and spins.  That is the
+case that made two frameworks in one process slow: a small GPT training step
+on pyflow went from 8.3 ms to 139 ms with PyTorch imported before it, and
+PyTorch's own step from 5 ms to 80 ms (both libraries' OpenMP threads and
+OpenBLAS's spinning threads fighting for 2 cores).  OpenMP's default wait (a
+short spin, then sleep) alone did not hurt; the spinning OpenBLAS pool did.
+
+The remedy restarts OpenBLAS's pool with the short timeout: set the variable,
+call OpenBLAS's ``openblas_read_env`` (the function its loader runs) and
+``blas_thread_shutdown_`` / ``blas_thread_init`` (the pair OpenBLAS itself
+runs around ``fork()``), once, at import, before any pyflow kernel runs.  Where
+the library lacks those entry points, OpenBLAS is limited to one thread
+(threadpoolctl) instead, so that none of its threads can spin.  MKL and numba
+share libgomp with PyTorch (its CPU build loads the system's GNU OpenMP), so
+there is one OpenMP pool in the process, not two.
+
+``PYFLOW_THREAD_GUARD=0`` leaves a pre-loaded OpenBLAS alone (to measure the
+difference: ``bench/coexist.py``).  ``report()`` says what import found and did
+(``pyflow.backends.cpu.threads``).
+"""
+import ctypes
+import os
+import sys
+
+GUARD_ENV_VAR = "PYFLOW_THREAD_GUARD"
+SETTINGS = {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
+
+_found = {}
+
+
+def set_wait_policies():
+    """Set the runtimes' environment, noting which were loaded before pyflow."""
+    _found.update(numpy_first="numpy" in sys.modules, torch_first="torch" in sys.modules,
+                  user_timeout=os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
+                  openmp_first=_loaded("libgomp"),
+                  user_wait_policy=os.environ.get("OMP_WAIT_POLICY"))
+    for name, value in SETTINGS.items():
+        os.environ.setdefault(name, value)
+
+
+def restart_preloaded_openblas():
+    """Restart a spinning OpenBLAS pool that NumPy started before pyflow."""
+    if not _found["numpy_first"] or _found["user_timeout"] is not None:
+        _found["action"] = "none needed"
+        return
+    flag = os.environ.get(GUARD_ENV_VAR, "1").strip()
+    if flag not in ("0", "1"):
+        raise ValueError(f"{GUARD_ENV_VAR}: expected '0' or '1', got {flag!r}")
+    if flag == "0":
+        _found["action"] = f"none ({GUARD_ENV_VAR}=0): OpenBLAS threads spin"
+        return
+    _found["action"] = _restart_openblas()
+
+
+def _loaded(name):
+    """Whether a shared library whose file name contains ``name`` is mapped."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return any(name in line for line in maps)
+    except OSError:                   # not Linux: unknown, say no
+        return False
+
+
+def _openblas_libraries():
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController().select(internal_api="openblas")
+
+
+def _restart_openblas():
+    """Re-read OpenBLAS's environment and restart its threads; returns what was done."""
+    openblas = _openblas_libraries()
+    done = []
+    for controller in openblas.lib_controllers:
+        lib = ctypes.CDLL(controller.filepath)
+        try:
+            read_env, shutdown, init = (lib.openblas_read_env, lib.blas_thread_shutdown_,
+                                        lib.blas_thread_init)
+        except AttributeError:        # a build without the entry points: no threads, no spin
+            controller.set_num_threads(1)
+            done.append(f"{os.path.basename(controller.filepath)} limited to 1 thread")
+            continue
+        read_env()
+        shutdown()
+        init()
+        done.append(f"{os.path.basename(controller.filepath)} restarted with "
+                    f"OPENBLAS_THREAD_TIMEOUT={os.environ['OPENBLAS_THREAD_TIMEOUT']}")
+    return "; ".join(done) or "no OpenBLAS found"
+
+
+def openblas_thread_timeout():
+    """OpenBLAS's timeout setting as the library holds it (0: its long default)."""
+    values = []
+    for controller in _openblas_libraries().lib_controllers:
+        fn = getattr(ctypes.CDLL(controller.filepath), "openblas_thread_timeout", None)
+        if fn is not None:
+            fn.restype = ctypes.c_int
+            values.append(fn())
+    return values
+
+
+def report():
+    """What ``import pyflow`` found already loaded and what it did about it."""
+    if not _found.get("openmp_first"):
+        openmp = f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}"
+    elif _found.get("user_wait_policy"):
+        openmp = f"loaded before pyflow, OMP_WAIT_POLICY={_found['user_wait_policy']}"
+    else:      # libgomp has no call to change it once loaded
+        openmp = "loaded before pyflow with its default wait (a short spin, then sleep)"
+    return {"numpy imported before pyflow": _found.get("numpy_first"),
+            "torch imported before pyflow": _found.get("torch_first"),
+            "OpenMP": openmp, "OpenBLAS": _found.get("action"),
+            "OPENBLAS_THREAD_TIMEOUT": os.environ.get("OPENBLAS_THREAD_TIMEOUT")}
