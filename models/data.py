@@ -116,7 +116,9 @@ class CharCorpus:
                                     f"--data chars for pyflow's own text, or the path of a "
                                     f"UTF-8 text file)")
         if not os.path.isfile(path):
-            raise IsADirectoryError(f"corpus {path!r} is not a file")
+            raise IsADirectoryError(f"corpus {path!r} is not a file (pass --data synthetic, "
+                                    f"--data chars for pyflow's own text, or the path of a "
+                                    f"UTF-8 text file)")
         with open(path, encoding="utf-8", errors="replace") as f:
             return cls(f.read(), name=os.path.basename(path))
 

@@ -34,8 +34,10 @@ uninterrupted run.  A checkpoint is never overwritten by a run that did not
 
 Rank 0 shows a progress bar, writes ``train_log.csv`` (step, loss, lr,
 samples_per_s, val_loss) and, when matplotlib is installed, ``loss.png`` to
-``--out``.  Errors in the flags, the corpus or the checkpoint print one line
-and exit with status 2.
+``--out``.  Errors in the flags, the corpus, the folders or the checkpoint,
+and a model or batch that cannot fit in this machine's memory, print one line
+and exit with status 2, before anything is written.  At start the temporary
+files that killed saves left in ``--ckpt-dir`` are removed.
 """
 import argparse
 import csv
@@ -54,6 +56,7 @@ from pyflow import nn                                   # noqa: E402
 from pyflow.models.data import CharCorpus, Digits, SyntheticImages, SyntheticTokens  # noqa: E402
 from pyflow.models.gpt import GPT, PRESETS              # noqa: E402
 from pyflow.models.mlp import MLP                       # noqa: E402
+from pyflow.utils.serialization import remove_stale_temporaries  # noqa: E402
 
 __all__ = ["main", "run", "parse_args", "TrainError", "WarmupCosine"]
 
@@ -107,9 +110,26 @@ def _positive_float(text):
     return x
 
 
+def _non_negative_float(text):
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (x >= 0 and math.isfinite(x)):      # nan fails x >= 0
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return x
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors in one line (not the usage block first)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser():
-    p = argparse.ArgumentParser(prog="pyflow-train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="pyflow-train", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=("gpt", "mlp"), default="gpt")
     p.add_argument("--preset", default="tiny",
                    help=f"model size; gpt: {', '.join(PRESETS)}; mlp: {', '.join(MLP_PRESETS)}")
@@ -125,7 +145,7 @@ def build_parser():
     p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     p.add_argument("--lr", type=_positive_float, default=None,
                    help="peak learning rate (default 1e-3 for adamw, 0.1 for sgd)")
-    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--weight-decay", type=_non_negative_float, default=0.1)
     p.add_argument("--warmup", type=_int_at_least(0), default=None,
                    help="linear warm-up steps (default: a tenth of the steps, at most 100)")
     mode = p.add_mutually_exclusive_group()
@@ -202,8 +222,107 @@ def load_data(args, vocab_size):
         return Digits(seed=args.seed)
     try:
         return CharCorpus.from_project() if args.data == "chars" else CharCorpus.from_file(args.data)
-    except (OSError, ValueError) as e:
+    except (FileNotFoundError, IsADirectoryError) as e:     # their messages name the corpus
         raise TrainError(str(e)) from None
+    except OSError as e:
+        raise TrainError(f"corpus {args.data!r} cannot be read ({e.strerror or e}); --data "
+                         f"takes a UTF-8 text file, chars or synthetic") from None
+    except ValueError:
+        raise TrainError(f"corpus {args.data!r} holds no text to train on; --data takes a "
+                         f"UTF-8 text file, chars or synthetic") from None
+
+
+# ------------------------------------------------------------------ checks before any write
+def check_folders(args):
+    """--out and --ckpt-dir are folders that exist or can be made (every
+    missing part below a writable folder), checked before anything is made."""
+    for flag, path in (("--out", args.out), ("--ckpt-dir", args.ckpt_dir)):
+        if path is None:
+            continue
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise TrainError(f"{flag} {path!r} is a file; expected a folder (made when missing)")
+        existing = os.path.abspath(path)
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            raise TrainError(f"{flag} {path!r} cannot be made: {existing!r} is a file")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise TrainError(f"{flag} {path!r}: the folder {existing!r} is not writable")
+
+
+def _memory_limit():
+    """Bytes of memory this process may use: the machine's, or its cgroup's
+    limit when lower; None when neither can be read."""
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limits.append(int(f.read().strip()))       # "max" (no limit) is a ValueError
+    except (OSError, ValueError):
+        pass
+    return min(limits) if limits else None
+
+
+def memory_needed(args, vocab_size, dp_size):
+    """A lower bound on the bytes a training step takes on one rank: float32
+    parameters, gradients and optimizer state, and the activations backward
+    keeps (GPT: per layer the attention probabilities, (H, T, T) a sequence,
+    and the MLP's two 4C-wide outputs, 8 C a position; the logits and their
+    softmax; MLP: each layer's output and its gradient).  Only used to refuse
+    sizes that cannot fit, before any of it is allocated."""
+    b = max(1, args.batch_size // dp_size)
+    if args.model == "gpt":
+        c = PRESETS[args.preset](block_size=args.block_size, vocab_size=vocab_size)
+        T, C, L, H, V = c.block_size, c.n_embd, c.n_layer, c.n_head, c.vocab_size
+        params = 12 * L * C * C + (V + T) * C
+        activations = L * b * (H * T * T + 8 * T * C) + 2 * b * T * V
+    else:
+        sizes = (28 * 28, *MLP_PRESETS[args.preset], 10)
+        params = sum(m * n for m, n in zip(sizes, sizes[1:]))
+        activations = 2 * b * sum(sizes)
+    states = 2 + (2 if args.optimizer == "adamw" else 1)
+    if args.device != "cpu":     # the model is built on the host, the step runs on the device
+        return 4 * params
+    return 4 * (states * params + activations)
+
+
+def _size(n):
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1024
+
+
+def check_sizes(args, data, world_size):
+    """--block-size fits the corpus (a window and its next-token targets in
+    both splits), and one step fits in memory."""
+    if args.model == "gpt" and isinstance(data, CharCorpus):
+        shortest = min(len(data.train), len(data.val))
+        if shortest < 2:
+            raise TrainError(f"corpus {args.data!r} is too short to train on: its shortest "
+                             f"split has {shortest} token(s)")
+        if args.block_size >= shortest:
+            raise TrainError(f"--block-size {args.block_size} is too long for the corpus "
+                             f"{data.name!r}: its shortest split has {shortest} tokens; "
+                             f"expected at most {shortest - 1}")
+    if args.parallel == "tp":
+        dp_size = 1
+    elif args.parallel == "hybrid":
+        dp_size = max(1, world_size // args.tp_size)
+    else:
+        dp_size = world_size
+    vocab = getattr(data, "vocab_size", 0)
+    need, have = memory_needed(args, vocab, dp_size), _memory_limit()
+    if have is not None and need > have:
+        flags = (f"--block-size {args.block_size} and --batch-size {args.batch_size}"
+                 if args.model == "gpt" else f"--batch-size {args.batch_size}")
+        lower = "--block-size or --batch-size" if args.model == "gpt" else "--batch-size"
+        raise TrainError(f"{flags}: a training step of {args.model} {args.preset} needs at "
+                         f"least {_size(need)} of memory per rank, more than the "
+                         f"{_size(have)} here; lower {lower}")
 
 
 def build_model(args, data):
@@ -502,6 +621,7 @@ def run(args):
                          f"multiple of the number of ranks ({world_size})")
     if args.device == "cuda" and not pyflow.cuda.is_available():
         raise TrainError("--device cuda: no CUDA device is available")
+    check_folders(args)
     ckpt_path = os.path.join(args.ckpt_dir, CKPT_NAME) if args.ckpt_dir else None
     if ckpt_path and args.resume and not os.path.isfile(ckpt_path):
         raise TrainError(f"--resume: there is no checkpoint {ckpt_path} to continue")
@@ -526,6 +646,7 @@ def run(args):
     if args.warmup >= args.steps:
         raise TrainError(f"--warmup {args.warmup} must be smaller than the number of steps "
                          f"({args.steps})")
+    check_sizes(args, data, world_size)
 
     pyflow.manual_seed(args.seed)
     model, model_config = build_model(args, data)
@@ -549,6 +670,10 @@ def run(args):
         start = int(ckpt["step"])
     if ckpt_path and rank == 0:
         os.makedirs(args.ckpt_dir, exist_ok=True)
+        stale = remove_stale_temporaries(ckpt_path)    # left by saves that were killed
+        if stale:
+            print(f"removed {len(stale)} temporary file(s) of killed checkpoint saves from "
+                  f"{args.ckpt_dir}", flush=True)
 
     train_model = model
     if world_size > 1 and placement is None:

@@ -274,6 +274,7 @@ def test_sigkill_then_resume(tmp_path, text_file):
     assert resumed["start"] == step and step % 3 == 0
     for s in range(step + 1, 31):
         assert resumed["losses"][s] == full["losses"][s], s
+    assert os.listdir(ckpt_dir) == [train.CKPT_NAME]     # a killed save's file is collected
 
 
 @pytest.mark.cpu_only
