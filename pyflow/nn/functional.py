@@ -14,6 +14,7 @@ __all__ = ["linear", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"
            "scaled_dot_product_attention", "pad", "one_hot"]
 
 from .. import ops as _ops
+from ..ops._util import check_tensor as _check_tensor
 
 
 def _forward(name, doc):
@@ -38,11 +39,11 @@ adaptive_avg_pool2d = _forward("adaptive_avg_pool2d", "adaptive_avg_pool2d(input
 # ------------------------------------------------------------------ activations
 def relu(input, inplace=False):
     """max(x, 0); ``inplace=True`` overwrites ``input``."""
-    return input.relu_() if inplace else _ops.relu(input)
+    return relu_(input) if inplace else _ops.relu(input)
 
 
 def relu_(input):
-    return input.relu_()
+    return _check_tensor(input, "input", "relu_").relu_()
 
 
 def gelu(input, approximate="none"):
@@ -52,7 +53,7 @@ def gelu(input, approximate="none"):
 
 def silu(input, inplace=False):
     """x * sigmoid(x)."""
-    out = _ops.silu(input)
+    out = _ops.silu(_check_tensor(input, "input", "silu"))
     if inplace:
         from ..autograd import no_grad
         with no_grad():
@@ -78,7 +79,7 @@ def _get_softmax_dim(name, ndim):
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
     """exp(x) / sum(exp(x)) along ``dim``; ``dtype`` casts the input first."""
     if dim is None:
-        dim = _get_softmax_dim("softmax", input.dim())
+        dim = _get_softmax_dim("softmax", _check_tensor(input, "input", "softmax").dim())
     if dtype is not None:
         input = input.to(dtype)
     return _ops.softmax(input, dim)
@@ -87,7 +88,7 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     """log(softmax(x)) along ``dim``, computed stably."""
     if dim is None:
-        dim = _get_softmax_dim("log_softmax", input.dim())
+        dim = _get_softmax_dim("log_softmax", _check_tensor(input, "input", "log_softmax").dim())
     if dtype is not None:
         input = input.to(dtype)
     return _ops.log_softmax(input, dim)

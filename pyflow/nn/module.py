@@ -86,6 +86,19 @@ class Module:
         raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required '
                                   f'"forward" function')
 
+    def _check_input(self, input, name="input"):
+        """``input`` itself if it is a Tensor, else a TypeError naming this layer.
+
+        Most layers hand their input straight to a functional op, whose own
+        argument check names the op (``linear(): argument 'input' must be a
+        Tensor``).  A layer that reads its input first (a shape check, an
+        eval-mode shortcut) calls this before, so a wrong type is reported as
+        such instead of as an AttributeError from ``input.shape``."""
+        if not isinstance(input, Tensor):
+            raise TypeError(f"{type(self).__name__}.forward(): argument '{name}' must be a "
+                            f"Tensor, not {type(input).__name__}")
+        return input
+
     # ------------------------------------------------------------ registration
     def _check_name(self, name, kind):
         if "_parameters" not in self.__dict__:

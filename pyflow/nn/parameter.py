@@ -11,10 +11,15 @@ class Parameter(Tensor):
             data = empty(0)
         if not isinstance(data, Tensor):
             raise TypeError(f"Parameter: data must be a Tensor, got {type(data).__name__}")
+        if requires_grad and not data.dtype.is_floating_point:
+            # as PyTorch: a trainable integer parameter would silently never train
+            raise RuntimeError(f"Parameter: only Tensors of floating point dtype can require "
+                               f"gradients, got {data.dtype} (pass requires_grad=False for a "
+                               f"parameter that is not trained)")
         p = Tensor._make(data._data, data.dtype, data.device)
         p.__class__ = cls
         p._version = data._version  # shares storage with data
-        p.requires_grad = requires_grad and data.dtype.is_floating_point
+        p.requires_grad = bool(requires_grad)
         if data._placement is not None:     # a global parameter (data or tensor parallel)
             p._placement, p._sbp, p._logical_shape = \
                 data._placement, data._sbp, data._logical_shape

@@ -86,7 +86,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         key, value = _repeat_heads(key, hq // hk), _repeat_heads(value, hq // hk)
     check_same_device("scaled_dot_product_attention", ("query", query), key=key, value=value,
                       attn_mask=attn_mask)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    if scale is None:   # E = 0: every score is 0 whatever the scale (PyTorch's 1/sqrt(0))
+        scale = 1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0
+    scale = float(scale)
     if attn_mask is None:       # no mask or causal: scale and mask fused into the softmax
         scores = matmul(query, key.transpose(-2, -1))
         attn = Softmax.apply(scores, scores.ndim - 1, scale, bool(is_causal))

@@ -59,14 +59,19 @@ def _pair(v, name, op, minimum):
     return int(v[0]), int(v[1])
 
 
-def _check_input(x, op, name="input"):
+def _check_input(x, op, name="input", empty_channels=False):
+    """3-D/4-D floating point ``x`` with non-empty planes (and channels, unless
+    ``empty_channels``: adaptive pooling maps 0 channels to 0 channels, as PyTorch)."""
     check_tensor(x, name, op)
     if x.ndim not in (3, 4):
         raise RuntimeError(f"{op}(): expected a 3-D (unbatched) or 4-D (batched) {name}, got "
                            f"a {x.ndim}-D tensor of shape {tuple(x.shape)}")
     if not x.dtype.is_floating_point:
         raise RuntimeError(f"{op}(): expected a floating point {name}, got {x.dtype}")
-    if x.shape[-1] == 0 or x.shape[-2] == 0 or x.shape[-3] == 0:
+    if x.shape[-1] == 0 or x.shape[-2] == 0:
+        raise RuntimeError(f"{op}(): expected {name} with non-zero height and width, got shape "
+                           f"{tuple(x.shape)}")
+    if x.shape[-3] == 0 and not empty_channels:
         raise RuntimeError(f"{op}(): expected {name} with non-zero channels, height and width, "
                            f"got shape {tuple(x.shape)}")
 
@@ -201,6 +206,12 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     x = unsqueeze(input, 0) if unbatched else input
     N, C, H, W = x.shape
     O, Cg, kh, kw = weight.shape
+    if kh < 1 or kw < 1:        # nn.Conv2d(3, 4, 0): nothing to convolve, only the bias
+        raise RuntimeError(f"conv2d(): kernel size should be greater than zero, but got weight "
+                           f"of shape {tuple(weight.shape)} (kernel {kh} x {kw})")
+    if O < 1:
+        raise RuntimeError(f"conv2d(): expected weight to have at least one output channel "
+                           f"(dim 0), got weight of shape {tuple(weight.shape)}")
     if C % groups:
         raise RuntimeError(f"conv2d(): given groups={groups}, expected input with channels "
                            f"divisible by groups, got input of shape {tuple(input.shape)} "
@@ -390,13 +401,13 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
 def adaptive_avg_pool2d(input, output_size):
     """torch.nn.functional.adaptive_avg_pool2d: window i of n over a side of
     length L is [floor(i*L/n), ceil((i+1)*L/n)); None keeps the input size."""
-    _check_input(input, "adaptive_avg_pool2d")
-    if _int(output_size) or output_size is None:
+    if _int(output_size):
         output_size = (output_size, output_size)
     if not isinstance(output_size, (tuple, list)) or len(output_size) != 2 or \
             not all(o is None or _int(o) for o in output_size):
         raise TypeError(f"adaptive_avg_pool2d(): output_size must be an int or a pair of "
                         f"ints/None, got {output_size!r}")
+    _check_input(input, "adaptive_avg_pool2d", empty_channels=True)
     H, W = input.shape[-2:]
     oh, ow = (H if output_size[0] is None else int(output_size[0]),
               W if output_size[1] is None else int(output_size[1]))

@@ -51,7 +51,10 @@ class Dropout(Function):
 def dropout(input, p=0.5, training=True, inplace=False, generator=None):
     """During training, zero elements with probability ``p`` and scale by 1/(1-p)."""
     check_tensor(input, "input", "dropout")
-    if not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
+    if not isinstance(p, numbers.Real):     # PyTorch: a TypeError from its comparison
+        raise TypeError(f"dropout(): p must be a number between 0 and 1, got "
+                        f"{type(p).__name__}")
+    if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     gen = generator_of(generator)
     if not training or p == 0.0:

@@ -81,9 +81,10 @@ def cat(tensors, dim=0):
     tensors = _tensor_list(tensors, "cat")
     real = [(i, t) for i, t in enumerate(tensors) if not _skipped(t, tensors)]
     i0, first = real[0]
-    if first.ndim == 0:
-        raise RuntimeError(f"cat(): zero-dimensional tensor (at position {i0}) cannot be "
-                           f"concatenated")
+    for i, t in real:       # before the dim, as PyTorch checks
+        if t.ndim == 0:
+            raise RuntimeError(f"cat(): zero-dimensional tensor (at position {i}) cannot be "
+                               f"concatenated")
     d = first._wrap_dim(dim)
     for i, t in real[1:]:
         if t.ndim != first.ndim:
@@ -110,11 +111,11 @@ def stack(tensors, dim=0):
     from .shape import unsqueeze
     tensors = _tensor_list(tensors, "stack")
     shape = tuple(tensors[0].shape)
+    d = tensors[0]._wrap_dim(dim, len(shape) + 1)   # the dim first, as PyTorch checks
     for i, t in enumerate(tensors[1:], 1):
         if tuple(t.shape) != shape:
             raise RuntimeError(f"stack expects each tensor to be equal size, but got "
                                f"{list(shape)} at entry 0 and {list(t.shape)} at entry {i}")
-    d = tensors[0]._wrap_dim(dim, len(shape) + 1)
     return cat([unsqueeze(t, d) for t in tensors], d)
 
 
@@ -189,9 +190,10 @@ def _one_hot(tensor, num_classes):
         raise RuntimeError(f"one_hot is only applicable to index tensor of dtype int64, got "
                            f"{tensor.dtype}")
     idx = tensor._data
+    if idx.size == 0 and isinstance(num_classes, (int, np.integer)) and num_classes <= 0:
+        # PyTorch: with no values a class count of 0 (or -1, infer) has no width either
+        raise RuntimeError("one_hot: Can not infer total number of classes from empty tensor.")
     if num_classes == -1:
-        if idx.size == 0:
-            raise RuntimeError("one_hot: Can not infer total number of classes from empty tensor.")
         num_classes = int(idx.max()) + 1
     if not isinstance(num_classes, (int, np.integer)) or num_classes < 0:
         raise RuntimeError(f"one_hot: num_classes must be -1 or a non-negative int, got "

@@ -12,6 +12,8 @@ same reason: reshape the input to 2-D, one GEMM forward, one GEMM per gradient.
 Mixed dtypes promote (``promote_types``); gradients come back in each input's
 own dtype.
 """
+import math
+
 from .. import dtypes as _dt
 from ..autograd import Function
 from ..tensor import Tensor
@@ -24,10 +26,25 @@ from .shape import reshape, squeeze, unsqueeze
 __all__ = ["matmul", "mm", "bmm", "mv", "dot", "linear", "addmm", "baddbmm"]
 
 
+def _prod(shape):
+    """The row count of a fold to 2-D, spelled out: ``reshape(-1, k)`` cannot infer
+    it when k is 0 (PyTorch multiplies (n, 0) @ (0, m) into zeros)."""
+    return math.prod(shape)
+
+
 def _fit(g, x):
     """Gradient ``g`` summed over broadcast dims and cast to ``x``'s dtype."""
     g = unbroadcast(g, tuple(x.shape))
     return g if g.dtype is x.dtype else g.to(x.dtype)
+
+
+def _check_bool(op, *ts):
+    """PyTorch has no boolean matrix product (its GEMMs are 'not implemented for
+    Bool'); NumPy's would silently give a logical and/or product."""
+    for t in ts:
+        if t is not None and t.dtype is _dt.bool:
+            raise RuntimeError(f"{op}(): not implemented for bool tensors; convert with "
+                               f".float() or .long() first")
 
 
 def _check_device(a, b, op):
@@ -87,6 +104,7 @@ def matmul(input, other):
         raise _cannot_multiply("matmul", input, other,
                                f"size {k_a} of input's last dim != size {k_b} of other's "
                                f"{'only' if db == 1 else 'second-to-last'} dim")
+    _check_bool("matmul", input, other)
     if da == 1 and db == 1:
         return Dot.apply(input, other)
     if da == 1:                       # (k) @ (..., k, m) -> (..., m)
@@ -95,7 +113,7 @@ def matmul(input, other):
         return squeeze(matmul(input, unsqueeze(other, -1)), -1)
     if db == 2 and da > 2:            # fold the batch into the rows: one 2-D GEMM
         lead = tuple(input.shape[:-1])
-        out = Matmul.apply(reshape(input, (-1, k_a)), other)
+        out = Matmul.apply(reshape(input, (_prod(lead), k_a)), other)
         return reshape(out, lead + (other.shape[-1],))
     if da > 2 or db > 2:
         broadcast_shapes(tuple(input.shape[:-2]), tuple(other.shape[:-2]),
@@ -127,6 +145,7 @@ def mm(input, mat2):
     if input.shape[1] != mat2.shape[0]:
         raise _cannot_multiply("mm", input, mat2, f"{input.shape[0]}x{input.shape[1]} and "
                                f"{mat2.shape[0]}x{mat2.shape[1]}")
+    _check_bool("mm", input, mat2)
     return Matmul.apply(input, mat2)
 
 
@@ -143,6 +162,7 @@ def bmm(input, mat2):
     if input.shape[2] != mat2.shape[1]:
         raise _cannot_multiply("bmm", input, mat2, f"size {input.shape[2]} of input's last dim "
                                f"!= size {mat2.shape[1]} of mat2's dim 1")
+    _check_bool("bmm", input, mat2)
     return Matmul.apply(input, mat2)
 
 
@@ -166,6 +186,7 @@ def dot(input, other):
     if input.shape[0] != other.shape[0]:
         raise RuntimeError(f"dot(): inconsistent tensor size: input has {input.shape[0]} "
                            f"elements and other has {other.shape[0]}")
+    _check_bool("dot", input, other)
     return Dot.apply(input, other)
 
 
@@ -176,7 +197,7 @@ class Linear(Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
         in_f, out_f = weight.shape[1], weight.shape[0]
-        x2 = reshape(x, (-1, in_f))      # a view unless x's layout forbids it
+        x2 = reshape(x, (_prod(x.shape[:-1]), in_f))   # a view unless x's layout forbids it
         ctx.save_for_backward(x2, weight)
         ctx.in_shape, ctx.has_bias = tuple(x.shape), bias is not None
         dt = x.dtype
@@ -220,6 +241,7 @@ def linear(input, weight, bias=None):
         raise RuntimeError(f"linear(): input and weight shapes cannot be multiplied: input "
                            f"{tuple(input.shape)} has {input.shape[-1]} features, weight "
                            f"{w_shape} expects {w_shape[-1]}")
+    _check_bool("linear", input, weight, bias)
     if weight.ndim == 1:
         out = matmul(input, weight)
         return out if bias is None else add(out, bias)

@@ -45,21 +45,22 @@ def _reduce(loss, reduction):
 
 
 # ------------------------------------------------------------------ class-index targets
-def _rows(input, target, op):
-    """(N, C, d1..) / (C,) input and (N, d1..) / () target -> (M, C) rows, (M,) target
-    rows, the unreduced loss shape and the number of classes."""
-    check_tensor(input, "input", op)
-    check_tensor(target, "target", op)
-    check_same_device(op, ("input", input), target=target)
+def _check_target_shape(input, target, op):
+    """The target's shape against the input's, each mismatch reported with the
+    exception PyTorch raises for it: a batch size mismatch (a ValueError) before
+    the wrong number of dims or any other difference (a RuntimeError)."""
     if input.ndim == 0:
         raise ValueError(f"{op}(): input must have at least 1 dim (C) or (N, C, ...), got a "
                          f"0-dim tensor")
-    if input.ndim == 1:
-        if target.ndim != 0:
-            raise ValueError(f"{op}(): for an unbatched input of shape {list(input.shape)} the "
-                             f"target must be 0-dim, got shape {list(target.shape)}")
-        return input.reshape(1, -1), target.reshape(1), (), input.shape[0]
-    C = input.shape[1]
+    if input.ndim == 1:     # unbatched (C,): a 0-d target, or one of shape (1,)
+        if target.ndim > 1:
+            raise RuntimeError(f"{op}(): for an unbatched input of shape {list(input.shape)} "
+                               f"the target must be 0-dim, got shape {list(target.shape)}")
+        if target.ndim == 1 and target.shape[0] != 1:
+            raise ValueError(f"{op}(): for an unbatched input of shape {list(input.shape)} "
+                             f"the target must be 0-dim (or of size 1), got shape "
+                             f"{list(target.shape)}")
+        return ()
     out_shape = (input.shape[0],) + tuple(input.shape[2:])
     if target.shape[:1] != input.shape[:1]:
         raise ValueError(f"{op}(): expected input batch_size ({input.shape[0]}) to match target "
@@ -67,6 +68,19 @@ def _rows(input, target, op):
     if tuple(target.shape) != out_shape:
         raise RuntimeError(f"{op}(): expected target of shape {list(out_shape)} for input of "
                            f"shape {list(input.shape)}, got {list(target.shape)}")
+    return out_shape
+
+
+def _rows(input, target, op):
+    """(N, C, d1..) / (C,) input and (N, d1..) / () target -> (M, C) rows, (M,) target
+    rows, the unreduced loss shape and the number of classes."""
+    check_tensor(input, "input", op)
+    check_tensor(target, "target", op)
+    check_same_device(op, ("input", input), target=target)
+    out_shape = _check_target_shape(input, target, op)
+    if input.ndim == 1:
+        return input.reshape(1, -1), target.reshape(1), (), input.shape[0]
+    C = input.shape[1]
     rows = input if input.ndim == 2 else input.movedim(1, -1).reshape(-1, C)
     return rows, target.reshape(-1), out_shape, C
 
@@ -211,7 +225,15 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     if not input.dtype.is_floating_point:
         raise RuntimeError(f"cross_entropy(): expected floating point logits, got {input.dtype}")
     if target.dtype.is_floating_point:
+        if ignore_index >= 0:   # PyTorch refuses it rather than ignore it silently
+            raise RuntimeError(f"cross_entropy(): ignore_index ({ignore_index}) is not "
+                               f"supported for a floating point (class probability) target")
         return _cross_entropy_probs(input, target, weight, reduction, label_smoothing)
+    if tuple(target.shape) == tuple(input.shape) and input.ndim == 1:
+        # (C,) logits and a (C,) target: PyTorch reads class probabilities
+        raise RuntimeError(f"cross_entropy(): a target of the input's shape "
+                           f"{list(input.shape)} holds class probabilities and must be floating "
+                           f"point, got {target.dtype}")
     _check_target_dtype(target, "cross_entropy")
     x, tg, out_shape, C = _rows(input, target, "cross_entropy")
     weight = _check_weight(weight, C, "cross_entropy", input)
@@ -223,8 +245,15 @@ def _cross_entropy_probs(input, target, weight, reduction, smoothing):
     """Soft targets: -sum_c w_c * q_c * log_softmax(x)_c, mean over samples."""
     from .softmax import log_softmax
     if tuple(target.shape) != tuple(input.shape):
+        # Not probabilities: PyTorch then reads it as class indices, so a batch size
+        # mismatch is its ValueError; any other difference is the RuntimeError below.
+        try:
+            _check_target_shape(input, target, "cross_entropy")
+        except RuntimeError:
+            pass
         raise RuntimeError(f"cross_entropy(): a floating point (probability) target must have "
-                           f"the input's shape {list(input.shape)}, got {list(target.shape)}")
+                           f"the input's shape {list(input.shape)}, got {list(target.shape)}; "
+                           f"class indices must be an integer tensor")
     class_dim = 0 if input.ndim == 1 else 1
     C = input.shape[class_dim]
     weight = _check_weight(weight, C, "cross_entropy", input)
@@ -284,17 +313,27 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
 
 # ------------------------------------------------------------------ regression losses
 def _check_pair(input, target, op):
+    """``input`` and ``target`` in their common dtype.  PyTorch broadcasts the two
+    before the arithmetic, so a 0-d operand's dtype counts in full (float32 input,
+    float64 0-d target: a float64 loss), unlike in plain elementwise promotion."""
     check_tensor(input, "input", op)
     check_tensor(target, "target", op)
     if tuple(input.shape) != tuple(target.shape):
         from ._util import broadcast_shapes
         broadcast_shapes(tuple(input.shape), tuple(target.shape), op=op)
+    if input.dtype is not target.dtype:
+        dt = _dt.promote_types(input.dtype, target.dtype)
+        input, target = input.to(dt), target.to(dt)
+    return input, target
 
 
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """(input - target) ** 2, reduced."""
     reduction = _reduction(size_average, reduce, reduction)
-    _check_pair(input, target, "mse_loss")
+    input, target = _check_pair(input, target, "mse_loss")
+    if not input.dtype.is_floating_point:
+        raise RuntimeError(f"mse_loss(): expected floating point input and target, got "
+                           f"{input.dtype}")
     d = input - target
     return _reduce(d * d, reduction)
 
@@ -302,7 +341,7 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """|input - target|, reduced."""
     reduction = _reduction(size_average, reduce, reduction)
-    _check_pair(input, target, "l1_loss")
+    input, target = _check_pair(input, target, "l1_loss")
     return _reduce((input - target).abs(), reduction)
 
 

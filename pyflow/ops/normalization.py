@@ -33,11 +33,18 @@ def _grad_as(g, t):
 
 
 # ------------------------------------------------------------------ layer_norm
+def _as_rows(arr, k):
+    """(..., *normalized) -> (rows, prod(normalized)), sizes spelled out: a -1
+    cannot be inferred when the normalized size is 0 (PyTorch gives an empty result)."""
+    nd = arr.ndim
+    return arr.reshape(math.prod(arr.shape[:nd - k]), math.prod(arr.shape[nd - k:]))
+
+
 class LayerNorm(Function):
     @staticmethod
     def forward(ctx, x, weight, bias, normalized_shape, eps):
-        dt, n = x.dtype, math.prod(normalized_shape)
-        x2 = compute_array(x, dt).reshape(-1, n)
+        dt = x.dtype
+        x2 = _as_rows(compute_array(x, dt), len(normalized_shape))
         out, mean, rstd = kernel("layer_norm", x.device.type)(
             x2, _maybe(weight, dt), _maybe(bias, dt), eps)
         ctx.k, ctx.eps = len(normalized_shape), eps
@@ -52,9 +59,9 @@ class LayerNorm(Function):
         if is_grad_enabled():
             dx, dw, db = _layer_norm_grads(g, x, w, ctx.k, ctx.eps)
         else:
-            dt, n = x.dtype, math.prod(x.shape[x.ndim - ctx.k:])
+            dt = x.dtype
             dx, dw, db = kernel("layer_norm_backward", x.device.type)(
-                compute_array(g, dt).reshape(-1, n), compute_array(x, dt).reshape(-1, n),
+                _as_rows(compute_array(g, dt), ctx.k), _as_rows(compute_array(x, dt), ctx.k),
                 ctx.mean, ctx.rstd, _maybe(w, dt))
             nshape = x.shape[x.ndim - ctx.k:]
             dx = wrap(dx.reshape(x.shape), dt, x.device)

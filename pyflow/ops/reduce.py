@@ -102,6 +102,11 @@ def _as_3d(arr, dims):
     return arr.reshape(outer, n, inner), kept
 
 
+def _given(dim):
+    """amax/amin's default ``dim=()`` means every dim, but not a dim given."""
+    return not (isinstance(dim, (tuple, list)) and len(dim) == 0)
+
+
 def _check_nonempty(input, dims, dim_given, op):
     """max-like reductions have no identity: an empty reduced dim is an error."""
     if input._data.size:
@@ -201,8 +206,11 @@ def prod_dims(input, dims, keepdim=False, dtype=None):
 def prod(input, dim=None, keepdim=False, *, dtype=None):
     """Product of all elements, or over one ``dim``; integer inputs give int64."""
     check_tensor(input, "input", "prod")
-    dims = _dims(input, None, "prod") if dim is None else \
-        ((_one_dim(input, dim, "prod"),) if input.ndim else ())
+    if dim is None:
+        dims = _dims(input, None, "prod")
+    else:
+        d = _one_dim(input, dim, "prod")     # checked on a 0-d tensor too (0 or -1)
+        dims = (d,) if input.ndim else ()
     return Prod.apply(input, dims, keepdim, None if dtype is None else _dt.as_dtype(dtype))
 
 
@@ -241,14 +249,14 @@ class AMin(_AExtreme):
 @tensor_method()
 def amax(input, dim=(), keepdim=False):
     dims = _dims(input, dim, "amax")
-    _check_nonempty(input, dims, True, "amax")
+    _check_nonempty(input, dims, _given(dim), "amax")
     return AMax.apply(input, dims, keepdim)
 
 
 @tensor_method()
 def amin(input, dim=(), keepdim=False):
     dims = _dims(input, dim, "amin")
-    _check_nonempty(input, dims, True, "amin")
+    _check_nonempty(input, dims, _given(dim), "amin")
     return AMin.apply(input, dims, keepdim)
 
 

@@ -5,6 +5,8 @@ Backward of a view maps the gradient back to the input's shape: reshape for
 zero-filled scatter for slices (``SliceView``), whose own backward is the
 slice again, so double backward works.
 """
+import functools
+
 import numpy as np
 
 from .. import dtypes as _dt
@@ -17,6 +19,32 @@ __all__ = ["cast", "clone", "contiguous", "view", "reshape", "transpose", "swapa
            "t", "expand", "expand_as", "unsqueeze", "squeeze", "flatten", "unflatten", "split",
            "chunk", "narrow", "select", "unbind", "movedim", "view_as", "reshape_as",
            "broadcast_to", "slice_view", "detach"]
+
+
+def _tensor_op(fn):
+    """``fn(input, ...)`` that checks ``input`` is a Tensor first, as PyTorch's
+    argument parser does: ``pyflow.flatten(None)`` is a TypeError naming the op,
+    not an AttributeError from inside it."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def op(input, *args, **kwargs):
+        if not isinstance(input, Tensor):
+            check_tensor(input, "input", name)
+        return fn(input, *args, **kwargs)
+    return op
+
+
+def _no_size(op, shape, what="shape"):
+    """``x.view()``/``x.permute()``: PyTorch's TypeError for the missing argument
+    (``x.view(())`` is the 0-d shape and fine)."""
+    if not shape:
+        raise TypeError(f"{op}() missing 1 required positional argument: '{what}'")
+
+
+def _at_least_1d(input, op, error=RuntimeError):
+    if input.ndim == 0:
+        raise error(f"{op}() cannot be applied to a 0-dim tensor")
 
 
 # ------------------------------------------------------------------ copies
@@ -47,11 +75,13 @@ class Clone(Function):
 
 
 @tensor_method()
+@_tensor_op
 def clone(input, memory_format=None):
     return Clone.apply(input)
 
 
 @tensor_method()
+@_tensor_op
 def contiguous(input, memory_format=None):
     return input if input._data.flags.c_contiguous else Clone.apply(input)
 
@@ -112,9 +142,11 @@ class View(Function):
 
 
 @tensor_method()
+@_tensor_op
 def view(input, *shape):
     if len(shape) == 1 and type(shape[0]) is _dt.dtype:
         raise TypeError("view(dtype) reinterpretation is not supported; use .to(dtype)")
+    _no_size("view", shape)
     if input._placement is not None:        # global: logical shapes, the dispatch localizes
         return View.apply(input, _infer_shape(shape_arg(shape, "view"), input.numel(), "view"))
     shape = _infer_shape(shape_arg(shape, "view"), input._data.size, "view")
@@ -124,7 +156,9 @@ def view(input, *shape):
 
 
 @tensor_method()
+@_tensor_op
 def reshape(input, *shape):
+    _no_size("reshape", shape)
     shape = _infer_shape(shape_arg(shape, "reshape"), input.numel(), "reshape")
     try:        # (global: the piece rarely has the logical shape's size, so it is copied)
         _reshape_view(input._data, shape)
@@ -134,20 +168,23 @@ def reshape(input, *shape):
 
 
 @tensor_method()
+@_tensor_op
 def view_as(input, other):
     return view(input, tuple(other.shape))
 
 
 @tensor_method()
+@_tensor_op
 def reshape_as(input, other):
     return reshape(input, tuple(other.shape))
 
 
 @tensor_method()
+@_tensor_op
 def flatten(input, start_dim=0, end_dim=-1):
+    s, e = input._wrap_dim(start_dim), input._wrap_dim(end_dim)   # 0-d: -1 and 0 only
     if input.ndim == 0:
         return reshape(input, (1,))
-    s, e = input._wrap_dim(start_dim), input._wrap_dim(end_dim)
     if s > e:
         raise RuntimeError(f"flatten(): start_dim ({start_dim}) cannot come after end_dim ({end_dim})")
     shape = input.shape
@@ -155,7 +192,9 @@ def flatten(input, start_dim=0, end_dim=-1):
 
 
 @tensor_method()
+@_tensor_op
 def unflatten(input, dim, sizes):
+    _at_least_1d(input, "unflatten")
     d = input._wrap_dim(dim)
     shape = input.shape
     sizes = _infer_shape(tuple(sizes), shape[d], "unflatten")
@@ -174,7 +213,9 @@ class Permute(Function):
 
 
 @tensor_method()
+@_tensor_op
 def permute(input, *dims):
+    _no_size("permute", dims, "dims")
     dims = shape_arg(dims, "permute")
     n = input.ndim
     if len(dims) != n:
@@ -187,11 +228,12 @@ def permute(input, *dims):
 
 
 @tensor_method("transpose", "swapaxes")
+@_tensor_op
 def transpose(input, dim0, dim1):
     n = input.ndim
+    d0, d1 = input._wrap_dim(dim0), input._wrap_dim(dim1)   # a 0-d tensor takes -1 and 0
     if n == 0:
         return input._view_of(input._data)
-    d0, d1 = input._wrap_dim(dim0), input._wrap_dim(dim1)
     dims = list(range(n))
     dims[d0], dims[d1] = dims[d1], dims[d0]
     return Permute.apply(input, tuple(dims))
@@ -201,6 +243,7 @@ swapaxes = transpose
 
 
 @tensor_method()
+@_tensor_op
 def t(input):
     if input.ndim > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {input.ndim}D")
@@ -212,11 +255,14 @@ Tensor.mT = property(lambda self: transpose(self, -2, -1))
 
 
 @tensor_method()
+@_tensor_op
 def movedim(input, source, destination):
     src = (source,) if isinstance(source, int) else tuple(source)
     dst = (destination,) if isinstance(destination, int) else tuple(destination)
     src = [input._wrap_dim(d) for d in src]
     dst = [input._wrap_dim(d) for d in dst]
+    if input.ndim == 0:     # dims 0 and -1 name the one place there is
+        return input._view_of(input._data)
     order = [d for d in range(input.ndim) if d not in src]
     for d, s in sorted(zip(dst, src)):
         order.insert(d, s)
@@ -236,7 +282,9 @@ class Expand(Function):
 
 
 @tensor_method()
+@_tensor_op
 def expand(input, *sizes):
+    _no_size("expand", sizes, "size")
     sizes = shape_arg(sizes, "expand")
     shape = input.shape
     if len(sizes) < len(shape):
@@ -259,6 +307,7 @@ def expand(input, *sizes):
 
 
 @tensor_method()
+@_tensor_op
 def expand_as(input, other):
     return expand(input, tuple(other.shape))
 
@@ -268,6 +317,7 @@ def broadcast_to(input, shape):
 
 
 @tensor_method()
+@_tensor_op
 def unsqueeze(input, dim):
     d = input._wrap_dim(dim, input.ndim + 1)
     shape = input.shape
@@ -275,6 +325,7 @@ def unsqueeze(input, dim):
 
 
 @tensor_method()
+@_tensor_op
 def squeeze(input, dim=None):
     shape = input.shape
     if dim is None:
@@ -331,7 +382,9 @@ def slice_view(input, key):
 
 
 @tensor_method()
+@_tensor_op
 def narrow(input, dim, start, length):
+    _at_least_1d(input, "narrow")
     d = input._wrap_dim(dim)
     size = input.shape[d]
     if isinstance(start, Tensor):
@@ -346,7 +399,9 @@ def narrow(input, dim, start, length):
 
 
 @tensor_method()
+@_tensor_op
 def select(input, dim, index):
+    _at_least_1d(input, "select", IndexError)
     d = input._wrap_dim(dim)
     size = input.shape[d]
     if not -size <= index < size:
@@ -355,16 +410,26 @@ def select(input, dim, index):
 
 
 @tensor_method()
+@_tensor_op
 def split(input, split_size_or_sections, dim=0):
+    if input.ndim == 0:
+        raise RuntimeError("split() expects at least a 1-dimensional tensor")
+    if isinstance(split_size_or_sections, int) and split_size_or_sections < 0:
+        raise RuntimeError(f"split(): split_size must be non-negative, got "
+                           f"{split_size_or_sections}")
     d = input._wrap_dim(dim)
     size = input.shape[d]
     if isinstance(split_size_or_sections, int):
         step = split_size_or_sections
-        if step <= 0:
-            raise RuntimeError(f"split(): split_size must be positive, got {step}")
-        sizes = [min(step, size - i) for i in range(0, size, step)] or [0]
+        if step == 0 and size:
+            raise RuntimeError(f"split(): split_size must be positive (or 0 for a dimension "
+                               f"of size 0), got {step} for dimension {dim} of size {size}")
+        sizes = [min(step, size - i) for i in range(0, size, step)] if step else []
+        sizes = sizes or [0]
     else:
         sizes = list(split_size_or_sections)
+        if any(s < 0 for s in sizes):
+            raise RuntimeError(f"split(): split_sizes must be non-negative, got {sizes}")
         if sum(sizes) != size:
             raise RuntimeError(f"split(): split_sizes {sizes} must sum to the size of dimension "
                                f"{dim} ({size})")
@@ -395,9 +460,12 @@ class Split(Function):
 
 
 @tensor_method()
+@_tensor_op
 def chunk(input, chunks, dim=0):
     if not isinstance(chunks, int) or chunks <= 0:
         raise RuntimeError(f"chunk(): chunks must be a positive int, got {chunks!r}")
+    if input.ndim == 0:
+        raise RuntimeError("chunk() expects at least a 1-dimensional tensor")
     size = input.shape[input._wrap_dim(dim)]
     if size == 0:   # PyTorch gives ``chunks`` empty pieces
         return split(input, [0] * chunks, dim)
@@ -406,7 +474,9 @@ def chunk(input, chunks, dim=0):
 
 
 @tensor_method()
+@_tensor_op
 def unbind(input, dim=0):
+    _at_least_1d(input, "unbind", IndexError)
     d = input._wrap_dim(dim)
     return tuple(select(input, d, i) for i in range(input.shape[d]))
 

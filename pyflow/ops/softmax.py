@@ -61,13 +61,12 @@ def _prepare(input, dim, dtype, op):
     if dim is None:  # PyTorch's legacy implicit dim: 0 for 0-D, 1-D and 3-D inputs, else 1
         raise TypeError(f"{op}(): argument 'dim' must be an int, got None (the implicit "
                         f"dim choice is deprecated in PyTorch; pass dim explicitly)")
+    d = input._wrap_dim(dim, max(input.ndim, 1))     # the dim first, as PyTorch checks
     if dtype is not None:
         input = input.to(_dt.as_dtype(dtype))
     if not input.dtype.is_floating_point:
         raise RuntimeError(f"{op}(): expected a floating point input (or pass dtype=), got "
                            f"{input.dtype}")
-    ndim = max(input.ndim, 1)
-    d = input._wrap_dim(dim, ndim)
     return input, d
 
 

@@ -76,6 +76,7 @@ class Conv2d(Module):
                 init.uniform_(self.bias, -bound, bound)
 
     def forward(self, input):
+        self._check_input(input)
         if input.dim() not in (3, 4):
             raise RuntimeError(f"Conv2d: expected 3D (unbatched) or 4D (batched) input, but got "
                                f"input of size: {list(input.shape)}")

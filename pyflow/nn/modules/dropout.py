@@ -8,14 +8,17 @@ __all__ = ["Dropout"]
 class Dropout(Module):
     def __init__(self, p=0.5, inplace=False):
         super().__init__()
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        if not isinstance(p, (int, float)):     # PyTorch: a TypeError from its comparison
+            raise TypeError(f"Dropout: p must be a number between 0 and 1, got "
+                            f"{type(p).__name__}")
+        if not 0 <= p <= 1:
             raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
         self.p = p
         self.inplace = inplace
 
     def forward(self, input):
         if not self.training or self.p == 0:
-            return input  # identity, no op call: eval mode costs nothing
+            return self._check_input(input)  # identity, no op call: eval mode costs nothing
         return F.dropout(input, self.p, self.training, self.inplace)
 
     def extra_repr(self):

@@ -1,4 +1,5 @@
 """Flatten / Unflatten: reshape a range of dims (views when possible)."""
+from ... import ops
 from ..module import Module
 
 __all__ = ["Flatten", "Unflatten"]
@@ -11,7 +12,7 @@ class Flatten(Module):
         self.end_dim = end_dim
 
     def forward(self, input):
-        return input.flatten(self.start_dim, self.end_dim)
+        return ops.flatten(input, self.start_dim, self.end_dim)
 
     def extra_repr(self):
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
@@ -24,7 +25,7 @@ class Unflatten(Module):
         self.unflattened_size = tuple(unflattened_size)
 
     def forward(self, input):
-        return input.unflatten(self.dim, self.unflattened_size)
+        return ops.unflatten(input, self.dim, self.unflattened_size)
 
     def extra_repr(self):
         return f"dim={self.dim}, unflattened_size={self.unflattened_size}"

@@ -46,6 +46,7 @@ class Linear(Module):
             init.uniform_(self.bias, -bound, bound)
 
     def forward(self, input):
+        self._check_input(input)
         if input.shape[-1:] != (self.in_features,):
             raise RuntimeError(f"Linear: input of shape {tuple(input.shape)} has last dimension "
                                f"{input.shape[-1] if input.dim() else None}, expected "

@@ -68,6 +68,7 @@ class _BatchNorm(Module):
         raise NotImplementedError
 
     def forward(self, input):
+        self._check_input(input)
         self._check_input_dim(input)
         if input.shape[1] != self.num_features:
             raise ValueError(f"{type(self).__name__}: expected input with {self.num_features} "
