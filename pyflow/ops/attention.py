@@ -10,6 +10,10 @@ add, and the masked half of every row is neither read nor exponentiated,
 forward or backward.  Boolean masks (True = attend, as in PyTorch) become an
 additive bias of 0 / -inf built once; a float mask is added as it is (and gets
 a gradient if it requires one).
+
+A row whose mask keeps no position (all False, or all -inf) gives zeros, as in
+PyTorch, not the NaN of a softmax over nothing: its bias is 0 (so the softmax
+and its gradient stay finite) and its probabilities are multiplied by 0.
 """
 import math
 
@@ -65,9 +69,18 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal):
 
 @recordable
 def _mask_bias(keep, dtype):
-    """0 where the boolean mask keeps a position, -inf elsewhere."""
+    """0 where the boolean mask keeps a position, -inf elsewhere; 0 on rows
+    that keep nothing (``_kept_rows`` zeroes those)."""
     xp = array_module(keep._data)
-    return wrap(xp.where(keep._data, 0.0, -np.inf), dtype, keep.device)
+    kept = keep._data.any(axis=-1, keepdims=True)
+    return wrap(xp.where(keep._data | ~kept, 0.0, -np.inf), dtype, keep.device)
+
+
+@recordable
+def _kept_rows(mask, dtype):
+    """1 on the rows where ``mask`` keeps some position, 0 on the others."""
+    data = mask._data if mask.dtype is _dt.bool else mask._data > -np.inf
+    return wrap(data.any(axis=-1, keepdims=True), dtype, mask.device)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -93,9 +106,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         scores = matmul(query, key.transpose(-2, -1))
         attn = Softmax.apply(scores, scores.ndim - 1, scale, bool(is_causal))
     else:
+        from .elementwise import where
         scores = matmul(query * scale, key.transpose(-2, -1))
-        bias = _mask_bias(attn_mask, scores.dtype) if attn_mask.dtype is _dt.bool else attn_mask
-        attn = Softmax.apply(scores + bias, scores.ndim - 1)
+        kept = _kept_rows(attn_mask, scores.dtype)
+        bias = _mask_bias(attn_mask, scores.dtype) if attn_mask.dtype is _dt.bool else \
+            where(kept > 0, attn_mask, 0.0)
+        attn = Softmax.apply(scores + bias, scores.ndim - 1) * kept
     if dropout_p > 0.0:
         attn = dropout(attn, dropout_p)
     return matmul(attn, value)

@@ -17,10 +17,13 @@ def np_attention(q, k, v, mask=None, causal=False, scale=None):
     L, S = s.shape[-2:]
     if causal:
         mask = np.tril(np.ones((L, S), bool))
+    kept = np.ones(s.shape[:-1] + (1,), bool)
     if mask is not None:
         s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
+        kept = (s > -np.inf).any(-1, keepdims=True)     # a row that keeps nothing is 0
+        s = np.where(kept, s, 0.0)
     e = np.exp(s - s.max(-1, keepdims=True))
-    return (e / e.sum(-1, keepdims=True)) @ v
+    return (e / e.sum(-1, keepdims=True) * kept) @ v
 
 
 @given(data=st.data())
@@ -54,6 +57,20 @@ def test_gradients_wrt_query_key_value(kind):
     m = pf.tensor(np.array([[True, False, True], [True, True, False], [False, True, True]]))
     kw = {"is_causal": True} if kind == "causal" else {"attn_mask": m}
     check_grad(lambda a, b, c: sdpa(a, b, c, **kw), [q, k, v])
+
+
+@pytest.mark.parametrize("float_mask", [False, True])
+def test_rows_that_keep_nothing_are_zero_with_finite_gradients(float_mask):
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 3, 4)) for _ in range(3))
+    m = np.ones((3, 3), bool)
+    m[1] = False
+    m[2, 0] = False
+    mask = np.where(m, 0.0, -np.inf) if float_mask else m
+    out = sdpa(pf.tensor(q), pf.tensor(k), pf.tensor(v), attn_mask=pf.tensor(mask))
+    assert_close(out, np_attention(q, k, v, mask))
+    assert (to_numpy(out)[:, 1] == 0).all()
+    check_grad(lambda q, k, v: sdpa(q, k, v, attn_mask=pf.tensor(mask)), [q, k, v])
 
 
 def test_gradient_wrt_float_mask():
@@ -159,7 +176,8 @@ def test_errors_are_clear():
 
 
 @needs_torch
-@pytest.mark.parametrize("kind", ["none", "causal", "bool", "float"])
+@pytest.mark.parametrize("kind", ["none", "causal", "bool", "float", "bool_empty_row",
+                                  "float_empty_row"])
 def test_against_torch(kind):
     rng = np.random.default_rng(5)
     arrays = [rng.standard_normal(s).astype(np.float32) for s in
@@ -173,6 +191,12 @@ def test_against_torch(kind):
         kw, tkw = {"attn_mask": pf.tensor(m)}, {"attn_mask": torch.tensor(m)}
     elif kind == "float":
         m = rng.standard_normal((3, 1, 6)).astype(np.float32)
+        kw, tkw = {"attn_mask": pf.tensor(m)}, {"attn_mask": torch.tensor(m)}
+    elif kind.endswith("empty_row"):     # PyTorch: zeros for a row that attends to nothing
+        m = rng.random((4, 6)) > 0.5
+        m[:, 0], m[2] = True, False
+        if kind == "float_empty_row":
+            m = np.where(m, 0.0, -np.inf).astype(np.float32)
         kw, tkw = {"attn_mask": pf.tensor(m)}, {"attn_mask": torch.tensor(m)}
     ours = [pf.tensor(a, requires_grad=True) for a in arrays]
     theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
