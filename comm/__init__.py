@@ -7,8 +7,12 @@
 ``communicator.py`` for the conventions, ``staging.py`` for how device memory
 reaches MPI, ``bucket.py`` for gradient fusion and docs/comm.md for a tour.
 ``PYFLOW_COMM_TIMEOUT=<seconds>`` makes a collective that waits too long raise
-``CollectiveTimeoutError`` naming the ranks that did not arrive; an uncaught
-exception on any rank aborts the whole MPI job (``communicator.py``).
+``CollectiveTimeoutError`` naming the ranks that did not arrive
+(``communicator.py``).  In a job of several ranks no fault hangs the job
+(``watchdog.py``): an uncaught exception or a non-zero exit on any rank
+aborts it, a rank that waits for one that exited aborts it, and so does a
+wait longer than ``PYFLOW_COMM_STALL_TIMEOUT`` (600 s by default), naming the
+ranks that did not arrive.
 """
 from .bucket import Bucket, GradBucketer
 from .communicator import (REDUCE_OPS, CollectiveMismatchError, CollectiveTimeoutError,

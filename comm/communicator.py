@@ -65,14 +65,22 @@ timeout (the default) none of this runs: the fast path is the plain MPI call.
 A timeout means the program is broken (a rank skipped a collective or
 hangs): the communicator is not usable afterwards; let the error stop the job.
 
-**A rank that raises stops the job.**  When the world has more than one rank,
-``world()`` installs a ``sys.excepthook`` that prints the traceback and calls
-``MPI.COMM_WORLD.Abort(1)``: otherwise the failed rank would wait forever in
-``MPI_Finalize`` for ranks that wait forever in a collective for it (what
-``python -m mpi4py`` does too).  ``PYFLOW_ABORT_ON_ERROR=0`` turns it off.
+``PYFLOW_COMM_TIMEOUT=0`` (or ``off``) is the same as leaving it unset.
+
+**A rank that raises, exits or stalls stops the job** (``watchdog.py``).  In a
+job of more than one rank, an uncaught exception aborts the job; a rank that
+exits with a non-zero status aborts it with that status; a rank that exits
+with status 0 tells the other ranks, and a rank that waits for it (in a
+collective or a message) aborts the job naming it; a wait longer than
+``PYFLOW_COMM_STALL_TIMEOUT`` (default 600 s) aborts the job naming the ranks
+that did not arrive and what they do.  For that, every call that waits for
+other ranks records what it waits for (``watchdog.enter``/``leave``: a few
+stores into the thread's record, no MPI call, no lock) for the watchdog
+thread, which polls; the collectives stay plain MPI calls on the caller's
+thread.  ``PYFLOW_ABORT_ON_ERROR=0`` turns all of it off.
 """
+import functools
 import os
-import sys
 import time
 
 import numpy as np
@@ -81,14 +89,16 @@ from mpi4py import MPI
 from pyflow import dtypes as _dt
 from pyflow.tensor import Tensor
 
+from . import watchdog as _wd
 from .staging import MPIBuffer, is_host_array
+from .watchdog import ABORT_ENV_VAR  # noqa: F401 (re-exported)
+from .watchdog import enter as _enter, leave as _leave
 
 __all__ = ["Communicator", "Work", "CollectiveMismatchError", "CollectiveTimeoutError", "world",
            "REDUCE_OPS"]
 
 CHECK_ENV_VAR = "PYFLOW_COMM_CHECK"
 TIMEOUT_ENV_VAR = "PYFLOW_COMM_TIMEOUT"
-ABORT_ENV_VAR = "PYFLOW_ABORT_ON_ERROR"
 REDUCE_OPS = ("sum", "avg", "max", "min")
 _MAX_DIMS = 8                         # dims compared exactly by the agreement check
 _MAX_DESCRIPTORS = 4096               # distinct calls whose descriptors a communicator keeps
@@ -117,8 +127,9 @@ class CollectiveTimeoutError(RuntimeError):
 
 
 def _timeout_value(value, where):
-    """``value`` (seconds) as a positive float, or None for no timeout (None, 0, "")."""
-    if value is None or (isinstance(value, str) and not value.strip()):
+    """``value`` (seconds) as a positive float, or None for no timeout (None, 0,
+    "", "off", "none")."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "off", "none")):
         return None
     try:
         t = float(value)
@@ -159,32 +170,42 @@ def _wire(a):
 class Work:
     """Handle of a non-blocking operation (``torch.distributed.Work``-like)."""
 
-    __slots__ = ("_request", "_finish", "_result", "_done", "_status", "_timeout", "_what")
+    __slots__ = ("_request", "_finish", "_result", "_done", "_status", "_timeout", "_what",
+                 "_ranks")
 
-    def __init__(self, request, finish=None, result=None, timeout=None, what=None):
+    def __init__(self, request, finish=None, result=None, timeout=None, what=None, ranks=None):
         self._request, self._finish, self._result = request, finish, result
         self._done = False
         self._status = MPI.Status()
         self._timeout, self._what = timeout, what
+        self._ranks = ranks           # world ranks the wait needs (recorded for the watchdog)
 
     def wait(self):
         """Block until done; returns the result (the tensor for in-place ops).  With a
         timeout (the communicator's), raises CollectiveTimeoutError past it."""
         if not self._done:
             if self._request is not None:
-                if self._timeout is None:
-                    self._request.Wait(self._status)
-                elif not _poll(lambda: self._request.Test(self._status),
-                               time.monotonic() + self._timeout):
-                    if self._what and self._what.startswith("irecv"):
-                        self._request.Cancel()      # no late message may land in it now
-                        self._request.Wait()
-                        self._done = True
-                    raise CollectiveTimeoutError(
-                        f"{self._what or 'wait'}: not finished after {self._timeout:g} s "
-                        f"({TIMEOUT_ENV_VAR}); a peer stopped making progress")
+                token = None if self._ranks is None else \
+                    _enter(f"wait({self._what})", self._ranks, self._timeout)
+                try:
+                    self._wait()
+                finally:
+                    _leave(token)
             self._complete()
         return self._result
+
+    def _wait(self):
+        if self._timeout is None:
+            self._request.Wait(self._status)
+        elif not _poll(lambda: self._request.Test(self._status),
+                       time.monotonic() + self._timeout):
+            if self._what and self._what.startswith("irecv"):
+                self._request.Cancel()      # no late message may land in it now
+                self._request.Wait()
+                self._done = True
+            raise CollectiveTimeoutError(
+                f"{self._what or 'wait'}: not finished after {self._timeout:g} s "
+                f"({TIMEOUT_ENV_VAR}); a peer stopped making progress")
 
     def test(self):
         """True (and the operation finished) if it has completed; never blocks."""
@@ -263,6 +284,21 @@ def _chunked(fn, t, size):
                          f"{size}, got shape {tuple(t.shape)}")
 
 
+def _waits(what):
+    """Decorate a Communicator method that waits for the other ranks: record
+    (for the watchdog) that the calling thread waits in ``what`` meanwhile."""
+    def wrap(method):
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            token = self._enter(what)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                _leave(token)
+        return call
+    return wrap
+
+
 # --------------------------------------------------------------------- Communicator
 class Communicator:
     """A group of ranks: the world, or a sub-group made by ``group(ranks)``."""
@@ -278,6 +314,9 @@ class Communicator:
         self._stale = []              # sends to ranks that never arrived (kept alive)
         self._descriptors = {}        # agreement check: call -> (descriptor, table, bytes)
         self.timeout = os.environ.get(TIMEOUT_ENV_VAR) if timeout is None else timeout
+        # World ranks, named in the watchdog's records and messages.
+        self._world_ranks = tuple(self.world_ranks(range(self.size)))
+        self._watched = self.size > 1 and _wd.enabled()
         if self._timeout is not None and self.size > 1:
             # Dup is collective: make it now, while every rank is constructing this
             # communicator, not at a collective that some rank may skip.
@@ -295,6 +334,7 @@ class Communicator:
     def timeout(self, value):
         self._timeout = _timeout_value(value, f"{TIMEOUT_ENV_VAR} / Communicator.timeout")
 
+    @_waits("split")
     def split(self, color, key=0):
         """MPI's ``Comm_Split``: the ranks that pass the same ``color`` form a new
         communicator, ordered by ``key``; ``color=None`` gives None.  Collective:
@@ -305,12 +345,24 @@ class Communicator:
         new = self.mpi.Split(MPI.UNDEFINED if color is None else color, key)
         return None if new == MPI.COMM_NULL else Communicator(new, self.check, self._timeout)
 
+    def _enter(self, what, ranks=None):
+        """Record that this thread waits in ``what`` for ``ranks`` (world ranks;
+        default: this communicator's); the token for ``_leave``."""
+        if not self._watched:
+            return None
+        return _wd.enter(what, self._world_ranks if ranks is None else ranks, self._timeout)
+
+    def _pair(self, peer):
+        """The world ranks of this rank and ``peer`` (what a message needs)."""
+        return (self._world_ranks[self.rank], self._world_ranks[peer])
+
     def world_ranks(self, ranks):
         """The world ranks of ranks ``ranks`` of this communicator."""
         return list(MPI.Group.Translate_ranks(self.mpi.Get_group(), list(ranks),
                                               MPI.COMM_WORLD.Get_group()))
 
     # ----------------------------------------------------------------- groups
+    @_waits("group")
     def group(self, ranks):
         """The sub-communicator of ``ranks`` (ranks of this communicator; their
         order gives the new ranks), or None on ranks not in it.  Collective: every
@@ -442,12 +494,23 @@ class Communicator:
             # Python time between two collectives costs several times itself (the
             # ranks leave the previous one skewed).  4 MB streams, check off:
             # +3.2-4.7% over raw mpi4py through _all_reduce, +0.9-2.1% like this.
-            self._agree("all_reduce", "all_reduce", tensor, op, check=check)
-            self.mpi.Allreduce(MPI.IN_PLACE, [data, _WIRE[data.dtype]], _ARITH_OPS[op])
+            token = _enter("all_reduce", self._world_ranks, self._timeout) \
+                if self._watched else None
+            try:
+                self._agree("all_reduce", "all_reduce", tensor, op, check=check)
+                self.mpi.Allreduce(MPI.IN_PLACE, [data, _WIRE[data.dtype]], _ARITH_OPS[op])
+            finally:
+                if token is not None:
+                    token[4] = False                # watchdog.leave, inline
             tensor._version[0] += 1
             return tensor
-        return self._all_reduce("all_reduce", tensor, op, check, blocking=True).wait()
+        token = self._enter("all_reduce")
+        try:
+            return self._all_reduce("all_reduce", tensor, op, check, blocking=True).wait()
+        finally:
+            _leave(token)
 
+    @_waits("iall_reduce")
     def iall_reduce(self, tensor, op="sum", check=None):
         return self._all_reduce("iall_reduce", tensor, op, check, blocking=False)
 
@@ -473,10 +536,12 @@ class Communicator:
                           fn)
 
     # ----------------------------------------------------------------- all_gather
+    @_waits("all_gather")
     def all_gather(self, tensor, check=None):
         """Every rank's ``tensor`` concatenated along dim 0 (a new tensor)."""
         return self._all_gather("all_gather", tensor, check, blocking=True).wait()
 
+    @_waits("iall_gather")
     def iall_gather(self, tensor, check=None):
         return self._all_gather("iall_gather", tensor, check, blocking=False)
 
@@ -493,11 +558,13 @@ class Communicator:
                           (_wire(inp.mpi), _wire(out.mpi)), _finisher(inp, out), result, fn)
 
     # ----------------------------------------------------------------- reduce_scatter
+    @_waits("reduce_scatter")
     def reduce_scatter(self, tensor, op="sum", check=None):
         """Reduce over ranks, then rank r keeps chunk r of dim 0 (a new tensor of
         ``shape[0] // size`` rows)."""
         return self._reduce_scatter("reduce_scatter", tensor, op, check, True).wait()
 
+    @_waits("ireduce_scatter")
     def ireduce_scatter(self, tensor, op="sum", check=None):
         return self._reduce_scatter("ireduce_scatter", tensor, op, check, False)
 
@@ -527,10 +594,12 @@ class Communicator:
                           fn)
 
     # ----------------------------------------------------------------- all_to_all
+    @_waits("all_to_all")
     def all_to_all(self, tensor, check=None):
         """Chunk j of dim 0 goes to rank j; the result's chunk i came from rank i."""
         return self._all_to_all("all_to_all", tensor, check, True).wait()
 
+    @_waits("iall_to_all")
     def iall_to_all(self, tensor, check=None):
         return self._all_to_all("iall_to_all", tensor, check, False)
 
@@ -546,10 +615,12 @@ class Communicator:
                           (_wire(inp.mpi), _wire(out.mpi)), _finisher(inp, out), result, fn)
 
     # ----------------------------------------------------------------- broadcast
+    @_waits("broadcast")
     def broadcast(self, tensor, root=0, check=None):
         """Copy ``root``'s tensor into every rank's ``tensor`` (in place); returns it."""
         return self._broadcast("broadcast", tensor, root, check, True).wait()
 
+    @_waits("ibroadcast")
     def ibroadcast(self, tensor, root=0, check=None):
         return self._broadcast("ibroadcast", tensor, root, check, False)
 
@@ -573,6 +644,8 @@ class Communicator:
         """Send ``tensor`` to rank ``dst`` (blocks until the buffer may be reused)."""
         self._p2p_args("send", tensor, dst, tag, blocking=True)
         buf = MPIBuffer(tensor._data, read=True, write=False)
+        token = self._enter(f"send to rank {self._world_ranks[dst]} (tag {tag})",
+                            self._pair(dst)) if self._watched else None
         try:
             if self._timeout is None:
                 self.mpi.Send(_wire(buf.mpi), dst, tag)
@@ -580,18 +653,28 @@ class Communicator:
                 Work(self.mpi.Isend(_wire(buf.mpi), dst, tag), None, None, self._timeout,
                      f"send to rank {dst} (tag {tag})").wait()
         finally:
+            _leave(token)
             buf.finish()
 
     def isend(self, tensor, dst, tag=0):
         self._p2p_args("isend", tensor, dst, tag)
         buf = MPIBuffer(tensor._data, read=True, write=False)
         return Work(self.mpi.Isend(_wire(buf.mpi), dst, tag), lambda status: buf.finish(),
-                    tensor, self._timeout, f"isend to rank {dst} (tag {tag})")
+                    tensor, self._timeout, f"isend to rank {dst} (tag {tag})",
+                    self._pair(dst) if self._watched else None)
 
     def recv(self, tensor, src, tag=0):
         """Receive into ``tensor`` (in place) from rank ``src``; returns it.  Raises on
         this rank if the message's size differs from the tensor's."""
         self._p2p_args("recv", tensor, src, tag, blocking=True)
+        token = self._enter(f"recv from rank {self._world_ranks[src]} (tag {tag})",
+                            self._pair(src)) if self._watched else None
+        try:
+            return self._recv(tensor, src, tag)
+        finally:
+            _leave(token)
+
+    def _recv(self, tensor, src, tag):
         status = MPI.Status()
         if self._timeout is None:
             self.mpi.Probe(src, tag, status)
@@ -633,16 +716,22 @@ class Communicator:
                     f"tag {tag}, got {got}")
 
         return Work(self.mpi.Irecv(_wire(buf.mpi), src, tag), finish, tensor, self._timeout,
-                    f"irecv from rank {src} (tag {tag})")
+                    f"irecv from rank {src} (tag {tag})",
+                    self._pair(src) if self._watched else None)
 
     # ----------------------------------------------------------------- barrier
+    @_waits("barrier")
     def barrier(self):
-        """Wait for every rank (guarded by the timeout when one is set)."""
-        if self._timeout is not None and self.size > 1:
+        """Wait for every rank (guarded by the timeout when one is set).  With the
+        agreement check on, its Allgather is the barrier (no rank leaves it before
+        every rank has sent its row), so a rank that calls another collective
+        meanwhile raises CollectiveMismatchError instead of hanging."""
+        if self.size > 1 and (self._timeout is not None or self.check):
             self._agree("barrier", "barrier", None)       # arrival of every rank, named
             return
         self.mpi.Barrier()
 
+    @_waits("ibarrier")
     def ibarrier(self):
         if self._timeout is not None and self.size > 1:
             self._agree("ibarrier", "barrier", None)
@@ -671,7 +760,8 @@ class Communicator:
             w = Work(None, finish, result)
             w._complete()
             return w
-        return Work(post(*args), finish, result, self._timeout, fn)
+        return Work(post(*args), finish, result, self._timeout, fn,
+                    self._world_ranks if self._watched else None)
 
 
 def _finisher(*buffers):
@@ -699,42 +789,24 @@ _world = []
 
 def world():
     """The communicator of every rank (``MPI.COMM_WORLD``); a world of one under
-    plain ``python``."""
+    plain ``python``.  In a job of more than one rank the first call starts the
+    watchdog thread (``watchdog.py``)."""
     if not _world:
         _world.append(Communicator(MPI.COMM_WORLD))
         if _world[0].size > 1:
             install_abort_hook()
+            _wd.start(MPI.COMM_WORLD)
     return _world[0]
 
 
 def install_abort_hook():
-    """Make an uncaught exception on any rank stop the whole job: print the
-    traceback (with the rank), then ``MPI_Abort``.  Without it the failed rank
-    waits in ``MPI_Finalize`` for ranks that wait in a collective for it, and
-    the job hangs.  Off with ``PYFLOW_ABORT_ON_ERROR=0``; installed once."""
-    flag = os.environ.get(ABORT_ENV_VAR, "1").strip()
-    if flag not in ("0", "1"):
-        raise ValueError(f"{ABORT_ENV_VAR}: expected '0' or '1', got {flag!r}")
-    if flag == "0" or getattr(sys.excepthook, "_pyflow_abort", False):
-        return
-    previous = sys.excepthook
-
-    def abort_on_error(kind, value, tb):
-        try:
-            rank = MPI.COMM_WORLD.Get_rank()
-            print(f"pyflow: uncaught {kind.__name__} on rank {rank}; aborting the MPI job",
-                  file=sys.stderr)
-            previous(kind, value, tb)
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            MPI.COMM_WORLD.Abort(1)
-
-    abort_on_error._pyflow_abort = True
-    sys.excepthook = abort_on_error
+    """Make a rank that raises or exits stop the whole job (``watchdog.install``:
+    the exception hook, the exit handler, the ``sys.exit`` recorder).  Off with
+    ``PYFLOW_ABORT_ON_ERROR=0``; installed once."""
+    _wd.install()
 
 
 # MPI is initialised once this module imports mpi4py.MPI: from here on, a rank
-# that raises must take the job down (see install_abort_hook).
+# that raises or exits must not leave the others waiting (see watchdog.py).
 if MPI.COMM_WORLD.Get_size() > 1:
     install_abort_hook()

@@ -5,7 +5,10 @@ collectives on the timed path (values and a mismatch error must be right);
 then the last rank skips every further call while the others call
 all_reduce, barrier, iall_gather, recv, irecv and a sub-group all_reduce:
 each must raise CollectiveTimeoutError naming the missing rank, after about
-the timeout.  Ends with ``rank r: N checks, F failures``.
+the timeout.  The last rank stays alive meanwhile, in a raw MPI barrier
+polled with sleeps (a rank that exits is another fault: the watchdog aborts
+the job when a rank waits for one, see tests/distributed/test_faults.py).
+Ends with ``rank r: N checks, F failures``.
 
 ``raise``: the last rank raises while the others wait in an all_reduce with
 no timeout; the job must stop (MPI abort) with that traceback.
@@ -19,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from tests.rank_checks import RankChecks  # noqa: E402
 
 import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
 
 import pyflow  # noqa: E402
 import pyflow.comm as comm  # noqa: E402
@@ -64,10 +68,19 @@ def timed_path_works():
     assert t.tolist() == [SIZE * SIZE * (SIZE + 1) / 2] * 3
 
 
+def meet_all():
+    """Every rank meets in a raw MPI barrier on MPI.COMM_WORLD (still in step:
+    the calls that timed out moved no data), polled with sleeps."""
+    done = MPI.COMM_WORLD.Ibarrier()
+    while not done.Test():
+        time.sleep(0.02)
+
+
 def timeout_scenario():
     pair = W.group([LAST, 0])                  # made by every rank (collective)
     check("timed path", timed_path_works)
     if RANK == LAST:                           # skips everything from here on
+        meet_all()
         check.report_and_exit()
     missing = f"ranks [{LAST}] did not arrive"
     check("all_reduce", times_out, lambda: W.all_reduce(pyflow.ones(4)), missing,
@@ -82,6 +95,7 @@ def timeout_scenario():
         check("sub-group names world ranks", times_out,
               lambda: pair.all_reduce(pyflow.ones(2)),
               f"ranks [0] (world ranks [{LAST}]) did not arrive")
+    meet_all()
     check.report_and_exit()
 
 

@@ -196,6 +196,9 @@ def test_timeout_settings(comm, monkeypatch):
     assert c.iall_reduce(t).wait() is t
     c.timeout = 0
     assert c.timeout is None
+    for off in ("off", " OFF ", "none", ""):
+        c.timeout = off
+        assert c.timeout is None
     assert Communicator(w.mpi, timeout=1).timeout == 1.0
     for bad in ("soon", "-1", "inf"):
         monkeypatch.setenv("PYFLOW_COMM_TIMEOUT", bad)
