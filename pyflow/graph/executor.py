@@ -105,6 +105,8 @@ class Step:
             t._version[0] += 1
             return ()
         if kind == "set_grad":
+            if "input" in node.attrs:
+                return self._input_grad(values)
             (g,) = self._fill_args(values)
             p = node.target
             g = g.detach()
@@ -129,6 +131,19 @@ class Step:
                 node.target()
             return ()
         raise RuntimeError(f"unknown node kind {kind!r}")
+
+    def _input_grad(self, values):
+        """The gradient of a graph input that requires grad, added to the
+        ``.grad`` of the tensor passed, as eager's backward does for a leaf."""
+        x, g = self._fill_args(values)
+        g = g.detach()
+        if x._placement is not None:
+            g = box_gradient(g, x)
+        if x.grad is None:
+            x.grad = g.clone() if g._data.base is not None else g
+        else:
+            x.grad = x.grad + g
+        return ()
 
     def _in_place(self, values):
         """The node's elementwise op written into its dying argument's buffer
@@ -324,7 +339,8 @@ class GradSync:
     @classmethod
     def of(cls, steps):
         from ..distributed.sbp import broadcast
-        params = [s.node.target for s in steps if s.kind == "set_grad"]
+        params = [s.node.target for s in steps if s.kind == "set_grad"
+                  and "input" not in s.node.attrs]
         params = [p for p in params if p._placement is not None and p._sbp == (broadcast,)
                   and p._placement.comm is not None]
         return cls(params) if params else None

@@ -107,8 +107,13 @@ def logical_dot(graph):
             if fwd is not None:
                 lines.append(f"  {q(fwd.name)} -> {q(node.name)} [style=dashed, label=ctx];")
     lines.append('  "outputs" [shape=house];')
-    for v in iter_values(graph.outputs):
+    for v in iter_values(graph.returned()):
         if v.id in producer:
             lines.append(f"  {q(producer[v.id])} -> \"outputs\";")
+    if graph.input_writes:          # build() wrote these inputs in place
+        for i, v in zip(graph.input_writes, graph.outputs[1]):
+            if v.id in producer:
+                lines.append(f"  {q(producer[v.id])} -> {q(graph.inputs[i].name)} "
+                             f"[style=dashed, label=\"write back\"];")
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -19,12 +19,21 @@ A ``Node`` is one call.  Its ``kind`` says how the executor runs it:
 ``seed``       draws a fresh seed from a generator (dropout), once per run
 ``assign``     copies a Value into a state tensor (in-place updates,
                BatchNorm's running statistics)
-``set_grad``   stores a parameter's gradient (``.grad``)
+``set_grad``   stores a parameter's gradient (``.grad``), or accumulates
+               the gradient of a graph input that requires grad
+               (``attrs["input"]``) into the tensor passed, as eager mode
 ``update``     the optimizer step (and LR scheduler step) of ``add_optimizer``
 =============  =================================================================
 
 ``args`` is a template: Python values as they were passed, with every tensor
-replaced by its ``Value`` (also inside lists and tuples).  Passes never
+replaced by its ``Value`` (also inside lists and tuples).
+
+An in-place write to a graph input (``x.add_(1)`` on an argument of build())
+is SSA like any other: later ops read the new Value.  What the caller sees
+is the input's last Value written back into the tensor it passed, after
+each run (``Graph.input_writes``; ``Plan.run`` does the copy): that comes
+after every reader of the old contents, in every executor, and is one copy
+per input however many in-place ops wrote it.  Passes never
 mutate a Graph: each returns a new one (``Graph.copy``) and appends a line
 to ``history`` saying what it changed, which ``explain`` prints.
 """
@@ -44,6 +53,7 @@ class Value:
     name: str = ""
     producer: object = None        # the Node making it (kind "node")
     tensor: object = None          # the live tensor of "state", the folded one of "const"
+    requires_grad: bool = False    # an "input" whose gradient build()'s backward computes
     id: int = field(default_factory=lambda: next(_ids))
 
     @property
@@ -186,6 +196,9 @@ class Graph:
     backward: tuple = None         # (loss Value, grad Value or None) from loss.backward()
     history: list = field(default_factory=list)
     memory: object = None          # the MemoryPlan of passes.memory
+    # positions in ``inputs`` that build() wrote in place; when not empty,
+    # ``outputs`` is (build()'s return value, (their last Values, in order))
+    input_writes: tuple = ()
 
     def copy(self):
         """A shallow copy: new node list, shared Values and Nodes (passes
@@ -206,9 +219,16 @@ class Graph:
                 users.setdefault(v.id, []).append(n)
         return users
 
+    def returned(self):
+        """build()'s return value as a template (without the input write-backs)."""
+        return self.outputs[0] if self.input_writes else self.outputs
+
     def __str__(self):
         lines = [f"graph(inputs: {', '.join(v.describe() for v in self.inputs) or 'none'})"]
         lines += [f"  {n!r}" for n in self.nodes]
-        outs = ", ".join(repr(v) for v in self.output_values())
+        outs = ", ".join(repr(v) for v in iter_values(self.returned()))
         lines.append(f"  return {outs}")
+        if self.input_writes:
+            lines += [f"  write back {v!r} -> {self.inputs[i]!r}"
+                      for i, v in zip(self.input_writes, self.outputs[1])]
         return "\n".join(lines)

@@ -10,9 +10,10 @@ the passes in order
 and keeps every intermediate Graph (``plan.stages``) so ``explain`` can show
 what each pass changed.  ``Plan.run`` executes one call: the micro-batches
 of gradient accumulation one after another (gradients summed), then the
-optimizer update.
+optimizer update, and writes back the inputs build() wrote in place.
 """
-from .. import random as _random
+from ..autograd import no_grad
+from ..ops.creation import zeros
 from ..ops.join import cat
 from ..tensor import Tensor
 from . import passes
@@ -31,9 +32,13 @@ class Plan:
         self.steps = make_steps(self.graph)
         self._task_graph = None
         # parameters whose .grad the graph recomputes on every call
-        self._grads = [s.node.target for s in self.steps if s.kind == "set_grad"]
+        self._grads = [s.node.target for s in self.steps
+                       if s.kind == "set_grad" and "input" not in s.node.attrs]
+        # positions (among the tensor arguments) of inputs whose .grad it computes
+        self._input_grads = [i for i, v in enumerate(self.graph.inputs) if v.requires_grad]
         # data parallel's bucketed gradient all-reduce (executor.GradSync), if any
         self.grad_sync = next((s.grad_sync for s in self.steps if s.grad_sync), None)
+        self.last_call = 0          # when nn.Graph last ran it (its cache drops the oldest)
 
     @property
     def task_graph(self):
@@ -45,9 +50,20 @@ class Plan:
 
     def _run_once(self, inputs):
         if self.executor == "sequential":
-            return run_sequential(self.graph, self.steps, inputs, self.graph.memory.release)
-        from .lowering import run_actors
-        return run_actors(self, inputs)
+            out = run_sequential(self.graph, self.steps, inputs, self.graph.memory.release)
+        else:
+            from .lowering import run_actors
+            out = run_actors(self, inputs)
+        writes = self.graph.input_writes
+        if writes:
+            # the inputs build() wrote in place take their last values, now that the
+            # whole run (backward included) has read the old ones
+            out, finals = out
+            for i, value in zip(writes, finals):
+                x = inputs[i]
+                x._data[...] = value._data
+                x._version[0] += 1
+        return out
 
     def run(self, inputs):
         n = self.accumulation
@@ -57,7 +73,8 @@ class Plan:
         if n == 1:
             out = self._run_once(tensors)
         else:
-            chunks = [x.chunk(n, 0) for x in tensors]
+            with no_grad():         # views of the caller's tensors, out of autograd
+                chunks = [x.chunk(n, 0) for x in tensors]
             outs = []
             for k in range(n):
                 for s in self.steps:
@@ -65,9 +82,23 @@ class Plan:
                     s.skip_update = k < n - 1       # the optimizer steps after the last one
                 outs.append(self._run_once([c[k] for c in chunks]))
             out = _combine(outs)
+            for i in self._input_grads:     # each micro-batch's input gradient, as one
+                _accumulate_grad(tensors[i], [c.grad for c in chunks[i]])
         if self.grad_sync is not None:    # a graph without an optimizer: reduce grads now
             self.grad_sync.flush()
         return out
+
+
+def _accumulate_grad(x, parts):
+    """Add the micro-batches' gradients ``parts`` (None where none reached
+    that micro-batch), along dim 0, to ``x.grad`` as eager's backward would."""
+    if all(g is None for g in parts):
+        return
+    size = x.shape[0] // len(parts)
+    parts = [g if g is not None else zeros((size,) + tuple(x.shape[1:]), dtype=x.dtype,
+                                           device=x.device) for g in parts]
+    g = cat(parts, 0)
+    x.grad = g if x.grad is None else x.grad + g
 
 
 def _combine(outs):
@@ -105,13 +136,9 @@ def split_for_accumulation(inputs, n):
 def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
                  executor="actors", fuse_elementwise=True, fuse_add_to_output=False,
                  fuse_model_update=False, in_place=True, fuse_actor_chains=True):
-    """Trace ``build`` and return the Plan for this input signature."""
-    generator = _random.default_generator
-    rng_state = generator.get_state()      # the trace must not shift the random stream
-    try:
-        graph = trace(build, split_for_accumulation(inputs, accumulation), state_names)
-    finally:
-        generator.set_state(rng_state)
+    """Trace ``build`` and return the Plan for this input signature.  (The trace
+    draws from private copies of the generators: it shifts no random stream.)"""
+    graph = trace(build, split_for_accumulation(inputs, accumulation), state_names)
     if optimizers and graph.backward is None:
         raise RuntimeError("the graph has an optimizer (add_optimizer) but build() never calls "
                            "loss.backward()")

@@ -16,16 +16,34 @@
     graph = TrainGraph()
     loss = graph(x, y)          # compiles on the first call, then runs the plan
 
-The first call with a new input signature (shapes, dtypes, devices, the
-``training`` flags of the registered modules, non-tensor arguments) traces
-``build`` and compiles a plan (``pyflow.graph.plan``); later calls with the same
-signature run it.  A new signature compiles and caches another plan, so a
-different batch size never crashes or silently reuses a wrong plan.
+The first call with a new input signature (shapes, dtypes, devices and
+``requires_grad`` of the tensor arguments, non-tensor arguments, the
+``training`` flags of the registered modules and ``requires_grad`` of their
+parameters, ``graph.config``) traces ``build`` and compiles a plan
+(``pyflow.graph.plan``); later calls with the same signature run it.  A new
+signature compiles and caches another plan, so a different batch size never
+crashes or silently reuses a wrong plan.  The cache keeps the
+``config.plan_cache_size`` (64) most recently used plans, and warns once per
+graph when it has to drop one.
+
+A plan captures the registered modules, parameters and buffers as objects.
+Every call checks that they are still the same objects (a parameter or
+submodule replaced, ``p.data = ...``, ``model.to(...)``, an optimizer
+added); if not, the plans are dropped and the call compiles again.  Writes
+into their memory (``optimizer.step()``, ``p.data.copy_(...)``,
+``load_state_dict``) need no recompilation: plans read state live.
 
 With an optimizer the graph runs forward, backward and the update in one go:
 gradients are recomputed on every call (there is no ``zero_grad`` to forget)
 and left in ``.grad`` as eager mode would leave them.
 """
+import itertools
+import math
+import operator
+import warnings
+
+import numpy as np
+
 from ..tensor import Tensor
 from .module import Module
 
@@ -45,6 +63,7 @@ class GraphConfig:
         self.fuse_actor_chains = True
         self.gradient_accumulation_steps = 1
         self.executor = "actors"
+        self.plan_cache_size = 64
 
     def enable_amp(self, mode=True):
         if mode:
@@ -84,6 +103,16 @@ class GraphConfig:
                              f"got {steps!r}")
         self.gradient_accumulation_steps = steps
 
+    def set_plan_cache_size(self, size):
+        """Keep at most ``size`` compiled plans (one per input signature; 64 by
+        default).  Compiling one more drops the least recently used, and the
+        graph warns the first time it does: plans that keep being added mean an
+        argument that changes on every call (a Python number that could be a
+        tensor, a batch size)."""
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"set_plan_cache_size: size must be an int >= 1, got {size!r}")
+        self.plan_cache_size = size
+
     def set_executor(self, executor):
         """``"actors"`` (the default: pyflow.runtime, one thread per stream) or
         ``"sequential"`` (the nodes in order on the caller's thread)."""
@@ -94,7 +123,7 @@ class GraphConfig:
 
     def __repr__(self):
         return (f"GraphConfig(gradient_accumulation_steps={self.gradient_accumulation_steps}, "
-                f"executor={self.executor!r})")
+                f"executor={self.executor!r}, plan_cache_size={self.plan_cache_size})")
 
 
 class Graph:
@@ -104,7 +133,10 @@ class Graph:
     def __init__(self):
         self.config = GraphConfig()
         self._optimizers = []
-        self._plans = {}
+        self._plans = {}            # signature -> Plan, in the order they were compiled
+        self._ticks = itertools.count()     # Plan.last_call: the LRU order
+        self._captured = []         # the objects the plans captured (see _walk)
+        self._evicted = 0           # plans dropped by the cache bound
 
     def build(self, *args):
         raise NotImplementedError(f"{type(self).__name__} must define build(self, *args), the "
@@ -130,12 +162,51 @@ class Graph:
                 names.setdefault(id(b), name)
         return names
 
-    def _signature(self, args):
+    def _walk(self):
+        """(modes, captured) of the registered modules, in one walk of the tree.
+
+        ``modes``: each module's ``training`` flag and each parameter's
+        ``requires_grad``, part of a plan's signature (a graph that switches
+        between train() and eval() keeps a plan for each).  ``captured``: the
+        objects a trace takes by identity, the modules, their parameters and
+        buffers and the arrays they hold, the graph's own tensor attributes and
+        its optimizers.  Holding them keeps their ids from being reused, so
+        "the same objects" is exact."""
+        captured, todo = [], []
+        for value in reversed(list(vars(self).values())):
+            if isinstance(value, Module):
+                todo.append(value)
+            elif isinstance(value, Tensor):
+                captured += (value, value._data)
+        captured += self._optimizers
+        # (extend with dict views and comprehensions: this runs on every call)
+        modules, params, buffers, seen = [], [], [], set()
+        while todo:
+            m = todo.pop()
+            if m is None or id(m) in seen:      # an empty slot, a module met twice, a cycle
+                continue
+            seen.add(id(m))
+            modules.append(m)
+            params += m._parameters.values()
+            buffers += m._buffers.values()
+            todo += m._modules.values()
+        params = [p for p in params if p is not None]
+        buffers = [b for b in buffers if b is not None]
+        captured += modules
+        captured += params
+        captured += [p._data for p in params]
+        captured += buffers
+        captured += [b._data for b in buffers]
+        modes = [m.training for m in modules]
+        modes += [p.requires_grad for p in params]
+        return tuple(modes), captured
+
+    def _signature(self, args, modes=None):
         parts = []
         for a in args:
             if isinstance(a, Tensor):
                 parts.append(("T", tuple(a.shape), a.dtype.name, str(a.device), a._placement,
-                              a._sbp))
+                              a._sbp, a.requires_grad))
             else:
                 try:
                     hash(a)
@@ -143,8 +214,9 @@ class Graph:
                     raise TypeError(f"{type(self).__name__}(): non-tensor arguments must be "
                                     f"hashable (they are part of the compiled plan's key), got "
                                     f"{type(a).__name__}") from None
-                parts.append(("V", type(a).__name__, a))
-        modes = tuple(m.training for _, top in self._modules() for m in top.modules())
+                parts.append(("V", type(a).__name__, _value_key(a)))
+        if modes is None:
+            modes = self._walk()[0]
         c = self.config
         return (tuple(parts), modes, c.gradient_accumulation_steps, c.executor,
                 c.fuse_elementwise, c.fuse_add_to_output, c.fuse_model_update_ops, c.in_place,
@@ -152,17 +224,59 @@ class Graph:
 
     def compile(self, *args):
         """The Plan for ``args``' signature (compiling it if new)."""
-        key = self._signature(args)
+        modes, captured = self._walk()
+        old = self._captured
+        if len(captured) != len(old) or not all(map(operator.is_, captured, old)):
+            # a module, parameter, buffer or optimizer was replaced: every plan
+            # captured the old objects, and would keep them alive
+            self._plans.clear()
+            self._captured = captured
+        key = self._signature(args, modes)
         plan = self._plans.get(key)
         if plan is None:
             from ..graph.plan import compile_plan
-            plan = compile_plan(self.build, args, self._state_names(), self._optimizers,
+            names = self._state_names()
+            plan = compile_plan(self.build, args, names, self._optimizers,
                                 self.config.gradient_accumulation_steps, self.config.executor,
                                 self.config.fuse_elementwise, self.config.fuse_add_to_output,
                                 self.config.fuse_model_update_ops, self.config.in_place,
                                 self.config.fuse_actor_chains)
+            self._check_unchanged_by_trace(captured, names)
+            self._make_room()
             self._plans[key] = plan
+        plan.last_call = next(self._ticks)
         return plan
+
+    def _check_unchanged_by_trace(self, captured, names):
+        """build() must not replace what the plan captured (``self.buf = ...`` in
+        a forward): the graph would keep the old object, and every later call
+        would find a changed module tree and compile again."""
+        after = self._walk()[1]
+        if len(after) == len(captured) and all(map(operator.is_, after, captured)):
+            return
+        from ..graph.tracer import TracingError
+        new = sorted(name for i, name in self._state_names().items() if i not in names)
+        what = f" ({', '.join(new)})" if new else ""
+        raise TracingError(
+            f"{type(self).__name__}: build() replaced a module, parameter or buffer{what} "
+            f"while it was traced; a graph keeps the objects it captured.  Write into a "
+            f"buffer in place (buf.copy_(new_value)) instead of assigning a new tensor")
+
+    def _make_room(self):
+        """Drop least recently used plans until one more fits the bound."""
+        size = self.config.plan_cache_size
+        while len(self._plans) >= size:
+            del self._plans[min(self._plans, key=lambda k: self._plans[k].last_call)]
+            self._evicted += 1
+            if self._evicted == 1:
+                warnings.warn(
+                    f"{type(self).__name__}: more input signatures than its plan cache holds "
+                    f"({size} plans); the least recently used plan was dropped, and is compiled "
+                    f"again if its signature comes back.  A plan is compiled per signature "
+                    f"(tensor shapes, dtypes, devices and requires_grad, non-tensor argument "
+                    f"values, training flags): pass numbers that change on every call as "
+                    f"tensors, or raise the bound with graph.config.set_plan_cache_size(n).  "
+                    f"(Warned once per graph.)", RuntimeWarning, stacklevel=4)
 
     def __call__(self, *args):
         return self.compile(*args).run(args)
@@ -189,9 +303,11 @@ class Graph:
             return []
         first = first if isinstance(first, (tuple, list)) else (first,)
         plan = self.compile(*first)
-        if getattr(plan.graph, "is_global", False):
+        if getattr(plan.graph, "is_global", False) or plan.graph.input_writes:
             # Collectives must be posted in one order on every rank; overlapping
-            # iterations would let timing decide it.  Run the batches one by one.
+            # iterations would let timing decide it.  And an input that build()
+            # writes in place is written back after its own run.  Run the batches
+            # one by one.
             return [self(*first)] + [self(*(b if isinstance(b, (tuple, list)) else (b,)))
                                      for b in it]
 
@@ -207,7 +323,7 @@ class Graph:
     # ------------------------------------------------------------- watching
     @property
     def plans(self):
-        """The compiled plans, one per input signature."""
+        """The cached compiled plans, one per input signature, oldest first."""
         return list(self._plans.values())
 
     def __repr__(self):
@@ -238,3 +354,32 @@ class Graph:
             f.write(text)
         return path
 
+
+class _Key:
+    """A plan-key stand-in for a float that ``==`` would misjudge."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+_NAN = _Key("nan")               # nan != nan: every call would compile a new plan
+_NEGATIVE_ZERO = _Key("-0.0")    # -0.0 == 0.0, but build() may divide by it
+
+
+def _value_key(a):
+    """A non-tensor argument as part of a plan's key: equal keys when build()
+    sees the same value (and, inside tuples, the same type)."""
+    if isinstance(a, (float, np.floating)):
+        if a != a:
+            return _NAN
+        if a == 0.0 and math.copysign(1.0, a) < 0:
+            return _NEGATIVE_ZERO
+        return a
+    if isinstance(a, (complex, np.complexfloating)):
+        return ("complex", _value_key(a.real), _value_key(a.imag))
+    if isinstance(a, tuple):
+        return tuple((type(x).__name__, _value_key(x)) for x in a)
+    return a

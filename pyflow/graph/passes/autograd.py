@@ -4,7 +4,7 @@ Eager autograd records a tape while ops run and walks it at ``backward()``.
 A graph knows the whole program in advance, so this pass does the walk once,
 at compile time, and writes the result down as nodes:
 
-1. which Values require grad: parameters that do, and every floating-point
+1. which Values require grad: parameters and inputs that do, and every floating-point
    output of a ``call`` node that reads one (unless the op marked it
    non-differentiable or ran under ``no_grad``); ``fn`` nodes (comparisons,
    creation ops, ``detach``) stop gradients, as in eager mode;
@@ -17,7 +17,9 @@ at compile time, and writes the result down as nodes:
    autograd over the tape their forward step kept;
 3. a Value read by several ops gets the sum of their gradients (an ``fn`` node
    calling ``add``), exactly as the eager engine sums pending gradients;
-4. a ``set_grad`` node per parameter stores the total in ``.grad``.
+4. a ``set_grad`` node per parameter stores the total in ``.grad``; one per
+   input that requires grad adds it to the ``.grad`` of the tensor passed
+   (eager mode accumulates into a leaf's ``.grad`` the same way).
 
 The gradient of the loss is ``ones`` (scaled by ``1/accumulation`` when a
 step is split into micro-batches) unless ``backward(gradient)`` gave one.
@@ -52,6 +54,7 @@ def differentiable(node):
 def requires_grad(graph):
     """The set of Value ids that require grad."""
     needs = {v.id for v in graph.state if v.tensor.requires_grad}
+    needs.update(v.id for v in graph.inputs if v.requires_grad)
     for node in graph.nodes:
         if not differentiable(node) or not node.attrs.get("grad_enabled"):
             continue
@@ -72,7 +75,7 @@ def autograd(graph, loss_scale=1.0):
     loss, seed = g.backward
     if loss.id not in needs:
         raise RuntimeError("loss.backward() in build(): the loss does not depend on any "
-                           "parameter that requires grad")
+                           "parameter or input that requires grad")
     new_nodes = []
     if seed is None:
         placement = getattr(graph, "loss_placement", None)
@@ -123,6 +126,13 @@ def autograd(graph, loss_scale=1.0):
             grad = total(v)
             if grad is not None:
                 node = Node("set_grad", v.tensor, (grad,), {}, [], {"state": v},
+                            name=f"set_grad_{v.name}")
+                new_nodes.append(node)
+    for v in g.inputs:      # build()'s arguments that require grad, as eager's leaves
+        if v.requires_grad:
+            grad = total(v)
+            if grad is not None:
+                node = Node("set_grad", None, (v, grad), {}, [], {"input": v},
                             name=f"set_grad_{v.name}")
                 new_nodes.append(node)
     g.nodes = g.nodes + new_nodes
