@@ -12,6 +12,13 @@ ints), ``"float"`` needs a floating dtype, ``"compare"``/``"logical"`` return bo
 
 Each function is self-contained (arithmetic and ``math`` only, no calls to its
 neighbours), so every backend can compile it on its own.
+
+``INTEGER`` holds the few ops whose integer kernels need their own definition
+(PyTorch's integer ``pow`` and ``//``); both backends use it for int dtypes.
+
+Zeros are written as the literal ``0``, never as ``x * 0``: ``inf * 0`` is NaN,
+so ``relu(-inf)`` or an infinite gradient through relu's backward would become
+NaN (PyTorch gives 0).  The float32 clones turn the literal into a float32 zero.
 """
 import math
 
@@ -46,14 +53,15 @@ def neg(x): return -x
 def exp(x): return math.exp(x)
 def log(x): return math.log(x) if x > 0 else (-math.inf if x == 0 else math.nan)
 def sqrt(x): return math.sqrt(x) if x >= 0 else math.nan
-def rsqrt(x): return 1.0 / math.sqrt(x) if x > 0 else (math.inf if x == 0 else math.nan)
-def abs_(x): return -x if x < 0 else x
-def sign(x): return (int(x > 0) - int(x < 0)) if x == x else x
+def rsqrt(x):   # 1 / sqrt(-0.0) is -inf, as in PyTorch
+    return 1.0 / math.sqrt(x) if x > 0 else (math.copysign(math.inf, x) if x == 0 else math.nan)
+def abs_(x): return -x if x < 0 else (x if x != 0 else 0)      # abs(-0.0) = +0.0
+def sign(x): return int(x > 0) - int(x < 0)                   # sign(NaN) = 0, as in PyTorch
 def sin(x): return math.sin(x)
 def cos(x): return math.cos(x)
 def tanh(x): return math.tanh(x)
 def sigmoid(x): return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
-def relu(x): return x if x > 0 else x * 0
+def relu(x): return 0 if x < 0 else x                         # NaN and -0.0 pass, as in PyTorch
 def gelu(x): return 0.5 * x * (1.0 + math.erf(x * SQRT1_2))
 def gelu_tanh(x): return 0.5 * x * (1.0 + math.tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
 def silu(x): return x / (1.0 + math.exp(-x)) if x >= -30.0 else x * math.exp(x)
@@ -62,7 +70,7 @@ def reciprocal(x): return 1.0 / x
 
 
 # ---- fused backward helpers: grad of the input from (incoming grad, saved value)
-def relu_backward(g, y): return g if y > 0 else g * 0
+def relu_backward(g, y): return 0 if y <= 0 else g              # PyTorch's threshold_backward
 def sigmoid_backward(g, y): return g * y * (1.0 - y)
 def tanh_backward(g, y): return g * (1.0 - y * y)
 def gelu_backward(g, x):
@@ -74,6 +82,25 @@ def gelu_tanh_backward(g, x):
 def silu_backward(g, x):
     s = 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
     return g * s * (1.0 + x * (1.0 - s))
+
+
+# ---- integer versions (PyTorch's integer semantics where numba's differ)
+def int_pow(a, b):
+    # a ** -n is 1 / a ** n truncated: 0 unless a is 1 or -1 (numba's a ** b gives
+    # INT64_MIN for 0 ** -1).  The op refuses a negative number exponent before this.
+    if b >= 0:
+        return a ** b
+    if a == 1:
+        return 1
+    if a == -1:
+        return -1 if b % 2 else 1
+    return 0
+
+
+def int_floor_divide(a, b):
+    # INT_MIN // -1 overflows: PyTorch wraps it to INT_MIN (= -INT_MIN), numba gives 0.
+    # Division by zero never gets here: the op raises first.
+    return -a if b == -1 else a // b
 
 
 # ---- ternary
@@ -102,3 +129,4 @@ UNARY = {
     "logical_not": (logical_not, "logical"),
 }
 TERNARY = {"where": (where, "select"), "clamp": (clamp, "arith")}
+INTEGER = {"pow": int_pow, "floor_divide": int_floor_divide}

@@ -86,15 +86,27 @@ def set_default_dtype(d):
     _default[0] = d
 
 
+# Names a dtype may be given by: each dtype's own and PyTorch's aliases, so "float"
+# is float32 and "int" int32 as ``torch.float``/``torch.int`` (NumPy's "float" is
+# float64 and its "int" int64, so strings never go through NumPy).
+_BY_STRING = dict(_BY_NAME, float=float32, double=float64, half=float16, int=int32, long=int64)
+
+
 def as_dtype(d, argname="dtype"):
-    """Accept a pyflow dtype, a name ("float32"), a NumPy dtype or a Python type."""
+    """Accept a pyflow dtype, a name ("float32", or PyTorch's "float", "double",
+    "half", "int", "long"; "pyflow."/"torch." prefixes allowed), a NumPy dtype or
+    a Python type (float -> float64, int -> int64, bool -> bool, as in PyTorch)."""
     if type(d) is dtype:
         return d
-    if isinstance(d, str) and d in _BY_NAME:
-        return _BY_NAME[d]
+    if isinstance(d, str):
+        name = d[7:] if d.startswith("pyflow.") else d[6:] if d.startswith("torch.") else d
+        if name in _BY_STRING:
+            return _BY_STRING[name]
+        raise TypeError(f"{argname}: unknown dtype name {d!r}; expected a pyflow dtype (e.g. "
+                        f"pyflow.float32) or one of the names {sorted(_BY_STRING)}")
     import builtins
     if d is builtins.float:
-        return _default[0]
+        return float64
     if d is builtins.int:
         return int64
     if d is builtins.bool:
@@ -122,7 +134,7 @@ def _scalar_category(x):
     import builtins
     if isinstance(x, builtins.bool):
         return _BOOL
-    if isinstance(x, builtins.int):
+    if isinstance(x, (builtins.int, np.integer)):     # NumPy ints are ints, as in PyTorch
         return _INT
     return _FLOAT
 

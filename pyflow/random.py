@@ -11,6 +11,10 @@ import numpy as np
 __all__ = ["Generator", "manual_seed", "seed", "initial_seed", "get_rng_state",
            "set_rng_state", "default_generator"]
 
+# Draws are made this many at a time (512 KiB of float64 scratch), see ``fill``.
+DRAW_CHUNK = 1 << 16
+_TAKE_OUT = ("random", "standard_normal")     # NumPy methods that write into out=/float64
+
 
 class Generator:
     def __init__(self, device="cpu"):
@@ -102,3 +106,32 @@ def generator_of(gen):
     if not isinstance(gen, Generator):
         raise TypeError(f"generator: expected a pyflow.Generator, got {type(gen).__name__}")
     return gen
+
+
+def fill(generator, out, kind, convert=None, **params):
+    """Fill the C-contiguous NumPy array ``out`` (any numeric dtype) with the numbers
+    one call ``generator.numpy.<kind>(size=out.size, **params)`` would give
+    (``kind``: "random", "standard_normal", "integers", "normal", "uniform"...).
+
+    They are drawn DRAW_CHUNK at a time in NumPy's float64/int64 and stored into
+    ``out`` (through ``convert(piece)`` when given), so the peak extra memory is one
+    piece, not a float64 copy of the whole result (3x a float32 result).  A Philox
+    stream continues across calls, so the numbers, and the generator's state after,
+    are exactly those of the single call: seeds give the same tensors as before."""
+    if not out.flags.c_contiguous:
+        raise ValueError("fill(): out must be a C-contiguous array")
+    rng = generator_of(generator).numpy
+    flat = out.reshape(-1)                         # a view: out is contiguous
+    n = flat.size
+    direct = kind in _TAKE_OUT and not params
+    if direct and convert is None and out.dtype == np.float64:
+        getattr(rng, kind)(out=flat)               # straight into the result
+        return out
+    scratch = np.empty(min(n, DRAW_CHUNK)) if direct else None
+    for start in range(0, n, DRAW_CHUNK):
+        m = min(DRAW_CHUNK, n - start)
+        piece = getattr(rng, kind)(out=scratch[:m]) if direct else \
+            getattr(rng, kind)(size=m, **params)
+        flat[start:start + m] = piece if convert is None else convert(piece)
+    return out
+

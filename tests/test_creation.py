@@ -244,3 +244,125 @@ def test_numpy_scalars_keep_their_dtype_like_torch():
                             (np.int32(3), pf.int32), (np.bool_(True), pf.bool),
                             ([np.float64(1.0), 2.0], pf.float64), (1.5, pf.float32)):
         assert pf.tensor(value).dtype is expected, (value, pf.tensor(value).dtype)
+
+
+# ----------------------------------------------------------------- numbers that do not fit
+@pytest.mark.parametrize("make", [
+    lambda v, dt: pf.tensor([v], dtype=dt),
+    lambda v, dt: pf.tensor(v, dtype=dt),
+    lambda v, dt: pf.tensor([1, v], dtype=dt),
+    lambda v, dt: pf.full((2,), v, dtype=dt),
+    lambda v, dt: pf.full_like(pf.zeros(2, dtype=dt), v),
+    lambda v, dt: pf.zeros(2, dtype=dt).masked_fill(pf.tensor([True, False]), v),
+    lambda v, dt: pf.zeros(2, dtype=dt).__setitem__(0, v),
+    lambda v, dt: pf.zeros(2, dtype=dt).__setitem__(pf.tensor([True, False]), v),
+], ids=["tensor list", "tensor scalar", "tensor mixed", "full", "full_like", "masked_fill",
+        "setitem", "setitem mask"])
+@pytest.mark.parametrize("value, dtype", [
+    (2**40, "int32"), (2**31, "int32"), (-2**31 - 1, "int32"), (3e9, "int32"),
+    (2147483647.5, "int32"), (2**63, "int64"), (-2**63 - 1, "int64"), (2**64, "int64"),
+    (float("nan"), "int64"), (float("nan"), "int32"), (float("inf"), "int64"),
+    (-float("inf"), "int64"), (1e30, "int64"), (2.0**63, "int64")])
+def test_python_numbers_that_do_not_fit_an_integer_dtype_raise(make, value, dtype):
+    """PyTorch raises "value cannot be converted to type int32 without overflow"; NumPy
+    wrapped them silently (2**40 -> 0, NaN -> INT64_MIN)."""
+    with pytest.raises(RuntimeError, match=f"cannot be converted to type {dtype} without overflow"):
+        make(value, getattr(pf, dtype))
+
+
+def test_numbers_at_the_edges_fit_and_conversions_of_tensors_wrap_like_torch():
+    assert pf.tensor([-2**31, 2**31 - 1], dtype=pf.int32).tolist() == [-2**31, 2**31 - 1]
+    assert pf.tensor([-2**63, 2**63 - 1]).tolist() == [-2**63, 2**63 - 1]
+    assert pf.tensor([2.7, -2.7], dtype=pf.int64).tolist() == [2, -2]       # truncated
+    assert pf.full((1,), 2.5, dtype=pf.int64).tolist() == [2]
+    assert pf.tensor([2, 0, float("nan")], dtype=pf.bool).tolist() == [True, False, True]
+    assert pf.tensor([1e300], dtype=pf.float32).tolist() == [float("inf")]  # floats overflow to inf
+    assert pf.tensor([2**64], dtype=pf.float32).tolist() == [2.0**64]
+    # tensor and array conversions wrap silently in PyTorch too
+    assert pf.tensor([2**40, -1]).to(pf.int32).tolist() == [0, -1]
+    assert pf.tensor(np.array([2**40]), dtype=pf.int32).tolist() == [0]
+    assert pf.tensor(pf.tensor([2**40]), dtype=pf.int32).tolist() == [0]
+    assert pf.tensor([float("nan")]).to(pf.int64).tolist() == [-2**63]
+
+
+# ----------------------------------------------------------------- sizes
+@pytest.mark.parametrize("call", [
+    lambda: pf.randn(-1), lambda: pf.rand(2, -3), lambda: pf.randint(0, 3, (-1,)),
+    lambda: pf.randint(3, (2, -2)), lambda: pf.zeros(2, -1), lambda: pf.empty(-1),
+    lambda: pf.ones((-4,)), lambda: pf.full((-1,), 1.0)])
+def test_negative_sizes_raise_like_torch(call):
+    with pytest.raises(RuntimeError, match="Trying to create tensor with negative dimension"):
+        call()
+
+
+def test_randperm_checks_n_and_dtype():
+    with pytest.raises(RuntimeError, match="n must be non-negative, got -1"):
+        pf.randperm(-1)
+    with pytest.raises(TypeError, match="'n' must be an int"):
+        pf.randperm(2.5)
+    with pytest.raises(NotImplementedError, match="bool"):
+        pf.randperm(3, dtype=pf.bool)
+    with pytest.raises(RuntimeError, match="cannot be greater than 2049 for float16"):
+        pf.randperm(2050, dtype=pf.float16)
+    assert pf.randperm(0).tolist() == []
+    assert sorted(pf.randperm(2049, dtype=pf.float16).tolist()) == list(range(2049))
+    with pytest.raises(RuntimeError, match="out of bounds for int32"):
+        pf.randint(0, 2**40, (2,), dtype=pf.int32)
+    with pytest.raises(RuntimeError, match="out of bounds for int32"):
+        pf.randint(-2**40, 0, (2,), dtype=pf.int32)
+
+
+# ----------------------------------------------------------------- random draws: numbers, memory
+@pytest.mark.parametrize("n", [0, 5, 65536 * 2 + 3])          # one piece, several pieces
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_rand_randn_give_the_numbers_of_one_float64_draw(n, dtype):
+    """Drawing in pieces (pyflow.random.fill) gives exactly the numbers of NumPy's one
+    float64 call cast to the dtype, and leaves the generator where that call would:
+    a seed gives the same tensors as before the change."""
+    dt = getattr(pf, dtype)
+    for op, kind in ((pf.rand, "random"), (pf.randn, "standard_normal")):
+        pf.manual_seed(1234)
+        got = op(n, dtype=dt, device="cpu")
+        after = pf.rand(3, dtype=pf.float64, device="cpu")
+        rng = np.random.Generator(np.random.Philox(1234))
+        want = pf.tensor(getattr(rng, kind)(n).astype(np.float32 if dt.bits < 64 else np.float64),
+                         dtype=dt, device="cpu")
+        assert got.dtype is dt and got.shape == (n,)
+        np.testing.assert_array_equal(got.float().numpy(), want.float().numpy())
+        np.testing.assert_array_equal(after.numpy(), rng.random(3))
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "float32", "bfloat16"])
+def test_randint_randperm_give_the_numbers_of_one_int64_draw(dtype):
+    dt = getattr(pf, dtype)
+    n = 65536 * 2 + 3
+    pf.manual_seed(99)
+    got = pf.randint(-5, 200, (n,), dtype=dt, device="cpu")
+    rng = np.random.Generator(np.random.Philox(99))
+    want = rng.integers(-5, 200, size=n)
+    np.testing.assert_array_equal(got.float().numpy() if dt.is_floating_point else got.numpy(),
+                                  want)
+    perm = pf.randperm(300 if dt is not pf.bfloat16 else 257, dtype=dt, device="cpu")
+    want = rng.permutation(300 if dt is not pf.bfloat16 else 257)
+    np.testing.assert_array_equal(perm.float().numpy() if dt.is_floating_point else perm.numpy(),
+                                  want)
+
+
+@pytest.mark.parametrize("op", ["randn", "rand", "randint"])
+def test_random_creation_needs_little_memory_beyond_the_result(op):
+    """A float32 randn of 4M elements made a float64 array (2x) and then the float32
+    result: 3x the result at its peak.  Drawn in pieces, the peak is the result plus
+    one 512 KiB piece."""
+    import tracemalloc
+    n = 1 << 22
+    dtype = pf.int32 if op == "randint" else pf.float32
+    args = (0, 10, (n,)) if op == "randint" else (n,)
+    getattr(pf, op)(*args[:-1], (16,), dtype=dtype, device="cpu")     # compiled, imported
+    tracemalloc.start()
+    try:
+        t = getattr(pf, op)(*args, dtype=dtype, device="cpu")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    result = t._data.nbytes
+    assert peak < result + (2 << 20), f"peak {peak} bytes for a {result}-byte result"

@@ -197,3 +197,26 @@ def test_to_and_grad_through_cast():
     assert x.cpu() is x
     with pytest.raises(TypeError, match="expected a dtype, a device or a Tensor"):
         x.to(3.5)
+
+
+@pytest.mark.parametrize("name, dtype", [("float", pf.float32), ("double", pf.float64),
+                                         ("half", pf.float16), ("int", pf.int32),
+                                         ("long", pf.int64), ("bool", pf.bool),
+                                         ("float32", pf.float32), ("bfloat16", pf.bfloat16),
+                                         ("torch.float", pf.float32), ("pyflow.int64", pf.int64)])
+def test_dtype_names_mean_what_torch_names_mean(name, dtype):
+    """"float" is float32 and "int" int32, as torch.float and torch.int (NumPy's
+    "float" is float64 and its "int" int64, which .to(dtype="float") used to give)."""
+    x = pf.tensor([1.0, 2.0], dtype=pf.float64)
+    assert x.to(dtype=name).dtype is dtype
+    assert pf.zeros(2, dtype=name).dtype is dtype
+    assert x.sum(dtype=name).dtype is dtype
+
+
+def test_python_types_as_dtypes_and_unknown_names():
+    assert pf.zeros(1, dtype=float).dtype is pf.float64        # torch: Python float is double
+    assert pf.zeros(1, dtype=int).dtype is pf.int64
+    assert pf.zeros(1, dtype=bool).dtype is pf.bool
+    for bad in ("f4", "float_", "complex", "int8"):             # NumPy spellings are not names
+        with pytest.raises(TypeError, match="unknown dtype name"):
+            pf.ones(2).to(dtype=bad)

@@ -40,6 +40,8 @@ def ufunc(name, np_dtype):
     u = _cache.get(key)
     if u is None:
         fn, kind = (scalar.UNARY.get(name) or scalar.BINARY.get(name) or scalar.TERNARY[name])
+        if np.dtype(np_dtype).kind == "i":
+            fn = scalar.INTEGER.get(name, fn)
         nin = fn.__code__.co_argcount
         sig = _signature(kind, nin, _NUMBA_TYPE[np.dtype(np_dtype)])
         u = _cache[key] = vectorize([sig], nopython=True, cache=True)(fn).ufunc

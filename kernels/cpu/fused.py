@@ -60,13 +60,14 @@ RULES = {
     "mul": lambda g, a, y: (f"{g} * {a[1]}", f"{g} * {a[0]}"),
     "div": lambda g, a, y: (f"{g} / {a[1]}", f"-({g} * {a[0]} / ({a[1]} * {a[1]}))"),
     "pow": lambda g, a, y: (f"{g} * {a[1]} * f_pow({a[0]}, {a[1]} - ONE)", None),
-    # ties split the gradient, as eager maximum/minimum do
+    # as eager maximum/minimum (PyTorch's rule): ties split the gradient, the operand
+    # not picked gets ZERO (selected, never g * 0: an infinite g would give NaN)
     "maximum": lambda g, a, y: (
-        f"{g} * (ONE if {a[0]} > {a[1]} else (HALF if {a[0]} == {a[1]} else ZERO))",
-        f"{g} * (ONE - (ONE if {a[0]} > {a[1]} else (HALF if {a[0]} == {a[1]} else ZERO)))"),
+        f"ZERO if {a[0]} < {a[1]} else ({g} * HALF if {a[0]} == {a[1]} else {g})",
+        f"ZERO if {a[0]} > {a[1]} else ({g} * HALF if {a[0]} == {a[1]} else {g})"),
     "minimum": lambda g, a, y: (
-        f"{g} * (ONE if {a[0]} < {a[1]} else (HALF if {a[0]} == {a[1]} else ZERO))",
-        f"{g} * (ONE - (ONE if {a[0]} < {a[1]} else (HALF if {a[0]} == {a[1]} else ZERO)))"),
+        f"ZERO if {a[0]} > {a[1]} else ({g} * HALF if {a[0]} == {a[1]} else {g})",
+        f"ZERO if {a[0]} < {a[1]} else ({g} * HALF if {a[0]} == {a[1]} else {g})"),
     "neg": lambda g, a, y: (f"-{g}",),
     "exp": lambda g, a, y: (f"{g} * {y}",),
     "log": lambda g, a, y: (f"{g} / {a[0]}",),
@@ -147,7 +148,7 @@ def scalar_source(expr, name="fused"):
             else:
                 lines.append(f"    d{x} = {term}")
             adjoint[x] = f"d{x}"
-    lines.append(f"    return {adjoint.get(wrt, 'ZERO * g')}")
+    lines.append(f"    return {adjoint.get(wrt, 'ZERO')}")
     return "\n".join(lines) + "\n"
 
 
@@ -180,8 +181,8 @@ def operand_scalars(expr):
 # ------------------------------------------------------------------ compilation
 def _float32_clone(fn):
     """``fn`` in float32 with the fast math functions: ``activation``'s float32
-    clone, with integer literals made float32 too (``x * 0`` in relu would be
-    float32 * int64, which numba types as float64)."""
+    clone, with integer literals made float32 too (the ``0`` of relu's ``0 if x < 0
+    else x`` would join int64 with float32, which numba types as float64)."""
     clone = _float32_version(fn).py_func
     code = clone.__code__.replace(co_consts=tuple(np.float32(c) if type(c) is int else c
                                                   for c in clone.__code__.co_consts))

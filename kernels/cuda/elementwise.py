@@ -99,9 +99,10 @@ def _float32_clone(fn):
     """``fn`` with float32 constants (reusing the CPU backend's float32 clone) and
     CUDA's own math functions (libdevice) instead of the CPU's fast_exp/fast_erf.
 
-    Integer literals become float32 too: ``x * 0`` (relu) would otherwise be
-    float32 * int64, which numba types as float64.  The scalar functions only
-    use integer literals as arithmetic operands, so this is safe for them.
+    Integer literals become float32 too: relu's ``0 if x < 0 else x`` would
+    otherwise join int64 with float32, which numba types as float64.  The scalar
+    functions only use integer literals as arithmetic operands or as a zero
+    result, so this is safe for them.
     """
     clone = _float32_version(fn).py_func          # njit is lazy: nothing compiles here
     code = clone.__code__
@@ -128,6 +129,8 @@ def device_function(name, dtype):
     """A new ``@cuda.jit(device=True)`` function computing op ``name`` on ``dtype`` inputs."""
     fn, kind, nin = _op(name)
     dtype = np.dtype(dtype)
+    if dtype.kind == "i":
+        fn = scalar.INTEGER.get(name, fn)
     if dtype in _FLOATS and dtype != np.float64 and kind != "select":
         dev = cuda.jit(device=True)(_float32_clone(fn))
         return _widened(dev, nin) if dtype == np.float16 else dev

@@ -58,6 +58,97 @@ def scalar_of(x, dtype):
     return dtype.compute.type(x)
 
 
+def _int_bounds(dtype):
+    info = np.iinfo(dtype.storage)
+    return int(info.min), int(info.max)
+
+
+def _overflow(value, dtype, op):
+    lo, hi = _int_bounds(dtype)
+    return RuntimeError(f"{op}(): value {value!r} cannot be converted to type {dtype.name} "
+                        f"without overflow (its range is [{lo}, {hi}])")
+
+
+def _float_fits(v, dtype):
+    """Mask: the elements of float64 ``v`` that truncate into integer ``dtype`` (NaN
+    never does).  float64(2**63 - 1) rounds up to 2**63, so int64's bound is strict."""
+    lo, hi = _int_bounds(dtype)
+    return (v >= lo) & (v < 2.0 ** 63 if hi == 2 ** 63 - 1 else v <= hi)
+
+
+def check_scalar_fits(value, dtype, op):
+    """Raise PyTorch's overflow error when a Python number given to a creation op or a
+    fill (``full``, ``masked_fill``, ``t[i] = v``) cannot be an element of integer
+    ``dtype``: out of its range, NaN or infinite.  NumPy would wrap it silently
+    (2**40 -> 0 in int32, NaN -> INT64_MIN).  Conversions of tensors and arrays
+    (``.to()``) wrap, as in PyTorch, and do not come here."""
+    if dtype.category != 1 or isinstance(value, (bool, np.bool_)):
+        return
+    if isinstance(value, (int, np.integer)):
+        lo, hi = _int_bounds(dtype)
+        ok = lo <= int(value) <= hi
+    elif isinstance(value, (float, np.floating)):
+        ok = bool(_float_fits(np.float64(value), dtype))
+    else:
+        return
+    if not ok:
+        raise _overflow(value, dtype, op)
+
+
+def check_array_fits(arr, dtype, op):
+    """``check_scalar_fits`` for the array NumPy made from Python data (``tensor([...])``):
+    one pass over it; an object array holds ints beyond 64 bits."""
+    if dtype.category != 1 or arr.size == 0 or arr.dtype.kind == "b":
+        return
+    flat = arr.reshape(-1)
+    if arr.dtype == object:
+        for x in flat:
+            check_scalar_fits(x, dtype, op)
+        return
+    if arr.dtype.kind == "f":
+        fits = _float_fits(flat.astype(np.float64, copy=False), dtype)
+        if not fits.all():
+            raise _overflow(flat[~fits][0].item(), dtype, op)
+    elif arr.dtype.kind in "iu":
+        lo, hi = _int_bounds(dtype)
+        amin, amax = int(flat.min()), int(flat.max())
+        if amin < lo or amax > hi:
+            raise _overflow(amax if amax > hi else amin, dtype, op)
+
+
+def stored_elements(arr):
+    """The elements ``arr`` really stores: an expanded (stride-0) dimension is read
+    once.  Checks of every element (index bounds) scan this instead of a broadcast
+    view that may show 10**12 elements of one."""
+    if arr.size and 0 in arr.strides:
+        arr = arr[tuple(slice(0, 1) if st == 0 else slice(None) for st in arr.strides)]
+    return arr
+
+
+_memory = []
+
+
+def _machine_memory():
+    """Bytes of physical memory (None where the OS does not say)."""
+    if not _memory:
+        import os
+        try:
+            _memory.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (AttributeError, ValueError, OSError):
+            _memory.append(None)
+    return _memory[0]
+
+
+def check_allocation(nbytes, what, op):
+    """Raise before allocating ``nbytes`` for ``what`` when that is more than the
+    machine's memory (PyTorch's "can't allocate memory"), instead of a MemoryError
+    after a long scan, or an out-of-memory kill once the pages are touched."""
+    limit = _machine_memory()
+    if limit is not None and nbytes > limit:
+        raise RuntimeError(f"{op}(): can't allocate memory: {what} would take {nbytes} bytes, "
+                           f"more than the {limit} bytes of memory of this machine")
+
+
 def check_tensor(x, name, op):
     if not isinstance(x, Tensor):
         raise TypeError(f"{op}(): argument '{name}' must be a Tensor, not {type(x).__name__}")

@@ -7,9 +7,9 @@ import numpy as np
 from .._tracing import recordable
 from .. import dtypes as _dt
 from ..device import as_device, check_available, get_default_device, placed
-from ..random import generator_of
+from ..random import fill as random_fill, generator_of
 from ..tensor import Tensor
-from ._util import kernel, shape_arg, wrap
+from ._util import check_array_fits, check_scalar_fits, kernel, shape_arg, wrap
 
 __all__ = ["tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange",
            "linspace", "eye", "rand", "randn", "randint", "randperm", "zeros_like", "ones_like",
@@ -70,6 +70,15 @@ def tensor(data, dtype=None, device=None, requires_grad=False):
         arr = _to_numpy(data)
     except ValueError as e:
         raise ValueError(f"tensor(): data must be a rectangular nested sequence ({e})") from None
+    if not isinstance(data, (np.ndarray, Tensor)):
+        # Python numbers must fit an integer dtype (PyTorch raises; NumPy would wrap
+        # 2**40 to 0 in int32 and NaN to INT64_MIN); arrays and tensors wrap, as in PyTorch
+        check_array_fits(arr, dtype, "tensor")
+        if arr.dtype == object and dtype.is_floating_point:
+            try:                            # ints beyond 64 bits, as floats
+                arr = arr.astype(np.float64)
+            except (TypeError, ValueError, OverflowError):
+                pass
     if arr.dtype == object:
         raise TypeError("tensor(): data must be numbers, nested lists of numbers, arrays or tensors")
     arr = np.array(arr, dtype=dtype.compute, copy=True)
@@ -100,11 +109,21 @@ def _dtype_or_default(dtype):
     return _dt.get_default_dtype() if dtype is None else _dt.as_dtype(dtype)
 
 
-def _filled(size, value, dtype, device, requires_grad, op):
+def _size(size, op):
+    """The shape of a creation op; negative sizes are refused as PyTorch does."""
     shape = shape_arg(size, op)
     if any(s < 0 for s in shape):
-        raise RuntimeError(f"{op}(): negative dimension in size {shape}")
+        bad = next(s for s in shape if s < 0)
+        raise RuntimeError(f"{op}(): Trying to create tensor with negative dimension {bad}: "
+                           f"{list(shape)}")
+    return shape
+
+
+def _filled(size, value, dtype, device, requires_grad, op):
+    shape = _size(size, op)
     dtype = _dtype_or_default(dtype)
+    if value is not None:
+        check_scalar_fits(value, dtype, op)
     arr = np.full(shape, value, dtype=dtype.compute) if value is not None \
         else np.empty(shape, dtype=dtype.compute)
     return _finish(arr, dtype, device, requires_grad)
@@ -212,26 +231,41 @@ def eye(n, m=None, dtype=None, device=None, requires_grad=False):
                    requires_grad)
 
 
-def _random(size, draw, dtype, device, requires_grad, op, generator):
-    shape = shape_arg(size, op)
+def _store_as(dtype):
+    """``convert`` for ``pyflow.random.fill``: float64/int64 draws into ``dtype``'s
+    storage, rounding through float32 for the half types as their compute dtype
+    does (so the numbers equal ``draws.astype(compute)`` stored)."""
+    if dtype is _dt.bfloat16:
+        from ..kernels.cpu.cast import float32_to_bfloat16
+        return lambda piece: float32_to_bfloat16(piece.astype(np.float32))
+    if dtype is _dt.float16:
+        return lambda piece: piece.astype(np.float32)
+    return None
+
+
+def _drawn(shape, dtype, kind, generator, **params):
+    """A host array of ``dtype``'s storage filled by ``pyflow.random.fill``: drawn in
+    pieces, so the result is the only full-size array (no float64 copy of it)."""
+    arr = np.empty(shape, dtype.storage)
+    return random_fill(generator, arr, kind, _store_as(dtype), **params)
+
+
+def _random(size, kind, dtype, device, requires_grad, op, generator):
+    shape = _size(size, op)
     dtype = _dtype_or_default(dtype)
     if not dtype.is_floating_point:
         raise TypeError(f"{op}(): dtype must be floating point, got {dtype}")
-    rng = generator_of(generator).numpy
-    arr = draw(rng, shape).astype(dtype.compute)
-    return _finish(arr, dtype, device, requires_grad)
+    return _finish(_drawn(shape, dtype, kind, generator), dtype, device, requires_grad)
 
 
 @recordable(random=True)
 def rand(*size, generator=None, dtype=None, device=None, requires_grad=False):
-    return _random(size, lambda r, s: r.random(s, dtype=np.float64), dtype, device,
-                   requires_grad, "rand", generator)
+    return _random(size, "random", dtype, device, requires_grad, "rand", generator)
 
 
 @recordable(random=True)
 def randn(*size, generator=None, dtype=None, device=None, requires_grad=False):
-    return _random(size, lambda r, s: r.standard_normal(s, dtype=np.float64), dtype, device,
-                   requires_grad, "randn", generator)
+    return _random(size, "standard_normal", dtype, device, requires_grad, "randn", generator)
 
 
 @recordable(random=True)
@@ -246,15 +280,39 @@ def randint(low, high=None, size=None, generator=None, dtype=None, device=None,
     if high <= low:
         raise RuntimeError(f"randint(): expected low < high, got low={low}, high={high}")
     dtype = _dt.int64 if dtype is None else _dt.as_dtype(dtype)
-    arr = generator_of(generator).numpy.integers(low, high, size=shape_arg((size,), "randint")
-                                                 if isinstance(size, int) else tuple(size))
-    return _finish(arr.astype(dtype.compute), dtype, device, requires_grad)
+    if dtype.category == 1:       # NumPy would wrap the draws silently
+        lo, hi = np.iinfo(dtype.storage).min, np.iinfo(dtype.storage).max
+        if low < lo or high - 1 > hi:
+            raise RuntimeError(f"randint(): the range [{low}, {high}) is out of bounds for "
+                               f"{dtype.name} ([{lo}, {hi}])")
+    shape = _size((size,) if isinstance(size, int) else tuple(size), "randint")
+    return _finish(_drawn(shape, dtype, "integers", generator, low=low, high=high), dtype,
+                   device, requires_grad)
 
 
 @recordable(random=True)
 def randperm(n, generator=None, dtype=None, device=None):
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+        raise TypeError(f"randperm(): argument 'n' must be an int, got {type(n).__name__}")
+    if n < 0:
+        raise RuntimeError(f"randperm(): n must be non-negative, got {n}")
     dtype = _dt.int64 if dtype is None else _dt.as_dtype(dtype)
-    arr = generator_of(generator).numpy.permutation(n).astype(dtype.compute)
+    if dtype is _dt.bool:
+        raise NotImplementedError("randperm(): not implemented for dtype bool")
+    # every value 0..n-1 must be exact in dtype (float16 holds the integers up to 2048)
+    top = np.iinfo(dtype.storage).max if dtype.category == 1 else \
+        2 ** {16: 11, 32: 24, 64: 53}[dtype.bits] if dtype is not _dt.bfloat16 else 2 ** 8
+    if n - 1 > top:
+        raise RuntimeError(f"randperm(): n cannot be greater than {top + 1} for {dtype.name} "
+                           f"(its values 0..n-1 must be exact), got {n}")
+    rng = generator_of(generator).numpy
+    if dtype.storage is dtype.compute:
+        # permutation(n) is arange(n) shuffled, and a shuffle moves elements the same
+        # way in any dtype: the same numbers, without an int64 copy of the result
+        arr = np.arange(n, dtype=dtype.storage)
+        rng.shuffle(arr)
+    else:
+        arr = rng.permutation(n).astype(dtype.compute)
     return _finish(arr, dtype, device, False)
 
 

@@ -17,7 +17,8 @@ from ..kernels import scalar as _scalar
 from ..tensor import Tensor
 from ._method import tensor_method
 from ..tensor import TENSOR_TYPES as _TENSOR_TYPES
-from ._util import array_module, broadcast_shapes, compute_array, kernel, scalar_of, unbroadcast, wrap
+from ._util import (array_module, broadcast_shapes, check_scalar_fits, compute_array, kernel,
+                    scalar_of, unbroadcast, wrap)
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "exp", "log", "sqrt", "rsqrt",
            "abs", "sign", "sin", "cos", "tanh", "sigmoid", "relu", "gelu", "silu", "reciprocal",
@@ -65,6 +66,8 @@ def _elementwise(name, *xs):
     if kind != "select" and type(a) in _TENSOR_TYPES and all(
             type(x) in _TENSOR_TYPES and x.dtype is a.dtype and x.device is a.device for x in xs):
         dtype, dev = a.dtype, a.device
+        if dtype is _dt.bool and name in _NOT_FOR_BOOL:
+            _refuse_bool(name)
         if dtype.storage is dtype.compute and (kind != "float" or dtype.category == 2) \
                 and kind != "logical":
             try:
@@ -86,6 +89,72 @@ def _elementwise(name, *xs):
     return _elementwise_general(name, kind, xs)
 
 
+# Ops PyTorch has no bool kernels for (it raises; NumPy's bool math would answer).
+_NOT_FOR_BOOL = {
+    "neg": (RuntimeError, "Negation, the `-` operator, on a bool tensor is not supported. If you "
+                          "are trying to invert a mask, use the `~` or `logical_not()` operator "
+                          "instead."),
+    "relu": (RuntimeError, "Boolean inputs not supported for relu"),
+    **{n: (NotImplementedError, f"{n}(): not implemented for bool tensors (convert the "
+                                f"operands with .long() first)")
+       for n in ("floor_divide", "remainder", "pow", "abs")},
+}
+
+
+def _refuse_bool(name):
+    exc, msg = _NOT_FOR_BOOL[name]
+    raise exc(msg)
+
+
+def _category(x):
+    """bool 0 < int 1 < float 2 of a tensor or a number; None for anything else (the
+    op's own argument check explains that one)."""
+    if isinstance(x, Tensor):
+        return x.dtype.category
+    if isinstance(x, (bool, np.bool_)):
+        return 0
+    if isinstance(x, (int, np.integer)):
+        return 1
+    return 2 if isinstance(x, (float, np.floating)) else None
+
+
+def _check_is_tensor(x, op, name="input", position=1):
+    """PyTorch's TypeError for a number or other object where a tensor must be."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op}(): argument '{name}' (position {position}) must be Tensor, "
+                        f"not {type(x).__name__}")
+
+
+def _check_sub(a, b):
+    """PyTorch refuses ``-`` with a bool tensor operand (a Python bool counts as one)."""
+    ca, cb = _category(a), _category(b)
+    if ca is None or cb is None or ca and cb:
+        return
+    if ca == cb == 0:
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not "
+                           "supported. Use the `^` or `logical_xor()` operator instead.")
+    raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. If "
+                       "you are trying to invert a mask, use the `~` or `logical_not()` "
+                       "operator instead.")
+
+
+def _check_integer_divisor(op, a, b):
+    """Integer ``//`` and ``%`` by zero raise, as in PyTorch (numba's kernels give 0).
+    Only integer results pay for the check: one vectorized comparison of the divisor."""
+    ca, cb = _category(a), _category(b)
+    if ca is None or cb is None or ca == 2 or cb == 2:
+        return
+    if isinstance(a, Tensor) and a._data.size == 0:
+        return                            # nothing is divided (PyTorch: an empty result)
+    if isinstance(b, Tensor):
+        zero = bool((b._data == 0).any()) if b._data.size else False
+    else:
+        zero = b == 0
+    if zero:
+        raise RuntimeError(f"ZeroDivisionError: {op}(): integer division by zero (the divisor "
+                           f"has a zero element)")
+
+
 def _raise_not_broadcastable(name, xs):
     broadcast_shapes(*[x._data.shape for x in xs if isinstance(x, Tensor)], op=name)
     raise
@@ -100,17 +169,32 @@ def _elementwise_general(name, kind, xs):
         dtype = _dt.get_default_dtype()
     elif kind == "logical":
         dtype = _dt.bool
+    elif dtype is _dt.bool and name in _NOT_FOR_BOOL:
+        _refuse_bool(name)
     dev = _device_of(*xs)
     shapes = [x._data.shape for x in xs if isinstance(x, Tensor)]
     if len(shapes) > 1 and any(s != shapes[0] for s in shapes):
         broadcast_shapes(*shapes, op=name)
     args = [_operand(x, dtype, f"arg{i}", name) for i, x in enumerate(operands)]
+    if kind == "compare" and dtype.storage is not dtype.compute:
+        args = [_rounded(x, dtype, dev) for x in args]
     if kind == "select":
         args.insert(0, _operand(xs[0], _dt.bool, "condition", name))
     res = kernel(name, dev.type)(*args)
     if not hasattr(res, "shape"):
         res = np.asarray(res)
     return wrap(res, _dt.bool if kind in _BOOL_RESULT else dtype, dev)
+
+
+def _rounded(x, dtype, device):
+    """Operand ``x`` (float32 values) of a half-``dtype`` comparison rounded to ``dtype``:
+    PyTorch compares in the common dtype, so float16 0.2786 (as 0.27856) equals the
+    number 0.27868 and bfloat16 0.96875 equals float16 0.9707.  (Arithmetic keeps
+    the exact number, as PyTorch's float32 "opmath" does.)"""
+    host = type(x) is np.ndarray or isinstance(x, (np.generic, int, float))
+    cast = kernel("cast", "cpu" if host else device.type)
+    x = np.asarray(x, np.float32) if host else x
+    return cast(cast(x, _dt.float32, dtype), dtype, _dt.float32)
 
 
 def _grad_for(g, x):
@@ -182,7 +266,15 @@ class Div(Function):
 class Pow(Function):
     @staticmethod
     def forward(ctx, a, b):
-        out = _elementwise("pow", a, b)
+        if _category(b) == 1 and not isinstance(b, Tensor) and b < 0 and \
+                isinstance(a, Tensor) and a.dtype.category < 2:
+            # PyTorch refuses a negative number exponent of an integer tensor (a tensor
+            # exponent gives the truncated value: kernels/scalar.py's int_pow)
+            raise RuntimeError("Integers to negative integer powers are not allowed.")
+        if isinstance(b, (bool, np.bool_)) and isinstance(a, Tensor) and a.dtype is _dt.bool:
+            out = logical_or(a, not b)   # PyTorch: a ** True is a, a ** False is all True
+        else:
+            out = _elementwise("pow", a, b)
         ctx.save_for_backward(*(x if isinstance(x, Tensor) else None for x in (a, b, out)))
         ctx.scalars = (a, b)
         return out
@@ -221,11 +313,13 @@ class _MaxMin(Function):
     @classmethod
     def backward(cls, ctx, g):
         a, b = ctx.saved_tensors
-        pick_a = gt(a, b) if cls.name == "maximum" else lt(a, b)
-        tie = eq(a, b)
-        wa = add(pick_a.to(g.dtype), mul(tie.to(g.dtype), 0.5))   # ties split the gradient
-        return (_grad_for(mul(g, wa), a) if _needs(ctx, 0) else None,
-                _grad_for(mul(g, sub(1.0, wa)), b) if _needs(ctx, 1) else None)
+        # PyTorch's rule: ties split the gradient, the operand not picked gets 0 (a
+        # select, not g * weight, so an infinite g gives it 0, not NaN) and with a
+        # NaN both get g
+        shared = where(eq(a, b), mul(g, 0.5), g)
+        a_loses, b_loses = (lt(a, b), gt(a, b)) if cls.name == "maximum" else (gt(a, b), lt(a, b))
+        return (_grad_for(where(a_loses, 0.0, shared), a) if _needs(ctx, 0) else None,
+                _grad_for(where(b_loses, 0.0, shared), b) if _needs(ctx, 1) else None)
 
 
 class Maximum(_MaxMin):
@@ -239,6 +333,7 @@ class Minimum(_MaxMin):
 class Remainder(Function):
     @staticmethod
     def forward(ctx, a, b):
+        _check_integer_divisor("remainder", a, b)
         ctx.save_for_backward(*(x if isinstance(x, Tensor) else None for x in (a, b)))
         ctx.scalars = (a, b)
         return _elementwise("remainder", a, b)
@@ -262,11 +357,13 @@ def _radd(self, other):
 
 @tensor_method("sub", "__sub__")
 def sub(input, other, *, alpha=1):
+    _check_sub(input, other)
     return Sub.apply(input, other if alpha == 1 else mul(other, alpha))
 
 
 @tensor_method("__rsub__")
 def _rsub(self, other):
+    _check_sub(other, self)
     return Sub.apply(other, self)
 
 
@@ -309,23 +406,29 @@ def _rpow(self, other):
 
 @tensor_method()
 def maximum(input, other):
+    _check_is_tensor(input, "maximum")
+    _check_is_tensor(other, "maximum", "other", 2)
     return Maximum.apply(input, other)
 
 
 @tensor_method()
 def minimum(input, other):
+    _check_is_tensor(input, "minimum")
+    _check_is_tensor(other, "minimum", "other", 2)
     return Minimum.apply(input, other)
 
 
 @tensor_method("floor_divide", "__floordiv__")
 @_tracing.recordable
 def floor_divide(input, other):
+    _check_integer_divisor("floor_divide", input, other)
     return _elementwise("floor_divide", input, other)
 
 
 @tensor_method("__rfloordiv__")
 @_tracing.recordable
 def _rfloordiv(self, other):
+    _check_integer_divisor("floor_divide", other, self)
     return _elementwise("floor_divide", other, self)
 
 
@@ -346,6 +449,7 @@ multiply, subtract = mul, sub
 # ------------------------------------------------------------------ comparisons, logic
 def _make_compare(name):
     def op(input, other):
+        _check_is_tensor(input, name)
         return _elementwise(name, input, other)
     op.__name__ = name
     op.__doc__ = f"Elementwise ``{name}``; returns a bool tensor (not differentiable)."
@@ -379,6 +483,7 @@ tensor_method("__xor__", "__rxor__")(_bitwise("^", logical_xor))
 @tensor_method("logical_not", "__invert__")
 @_tracing.recordable(elementwise=True)
 def logical_not(input):
+    _check_is_tensor(input, "logical_not")
     return _elementwise("logical_not", input)
 
 
@@ -405,18 +510,21 @@ def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
 
 @tensor_method()
 def isnan(input):
+    _check_is_tensor(input, "isnan")
     return ne(input, input)
 
 
 @tensor_method()
 @_tracing.recordable(elementwise=True)
 def isinf(input):
+    _check_is_tensor(input, "isinf")
     return wrap(np.isinf(input._compute()), _dt.bool, input.device)
 
 
 @tensor_method()
 @_tracing.recordable(elementwise=True)
 def isfinite(input):
+    _check_is_tensor(input, "isfinite")
     return wrap(np.isfinite(input._compute()), _dt.bool, input.device)
 
 
@@ -442,12 +550,25 @@ def _unary(name, save, grad_fn, doc):
     cls = type(name.capitalize(), (_Unary,), {"name": name, "save": save,
                                                "grad": staticmethod(grad_fn)})
 
+    public = "gelu" if name == "gelu_tanh" else name
+    floats_only = name in ("gelu", "gelu_tanh", "silu")     # PyTorch has no integer kernels
+
     def op(input):
+        _check_is_tensor(input, public)
+        if floats_only and input.dtype.category != 2:
+            raise NotImplementedError(f"{public}(): not implemented for {input.dtype.name} "
+                                      f"tensors (convert with .float() first)")
         return cls.apply(input)
     op.__name__ = name
     op.__doc__ = doc
     tensor_method(name)(op)
     return op
+
+
+def _zero_grad(g):
+    """A zero gradient shaped like ``g`` (not ``g * 0``: an infinite ``g`` would give NaN)."""
+    from .creation import zeros_like
+    return zeros_like(g)
 
 
 def _fused_or(name, composite):
@@ -465,7 +586,7 @@ log = _unary("log", "x", lambda g, x: div(g, x), "natural logarithm")
 sqrt = _unary("sqrt", "out", lambda g, y: div(g, mul(y, 2.0)), "square root")
 rsqrt = _unary("rsqrt", "out", lambda g, y: mul(mul(g, -0.5), mul(y, mul(y, y))), "1 / sqrt(input)")
 abs = _unary("abs", "x", lambda g, x: mul(g, sign(x)), "absolute value")  # noqa: A001
-sign = _unary("sign", "x", lambda g, x: mul(g, 0.0), "sign (-1, 0, 1)")
+sign = _unary("sign", "x", lambda g, x: _zero_grad(g), "sign (-1, 0, 1)")
 sin = _unary("sin", "x", lambda g, x: mul(g, cos(x)), "sine")
 cos = _unary("cos", "x", lambda g, x: neg(mul(g, sin(x))), "cosine")
 reciprocal = _unary("reciprocal", "out", lambda g, y: neg(mul(g, mul(y, y))), "1 / input")
@@ -474,7 +595,8 @@ tanh = _unary("tanh", "out", _fused_or("tanh_backward", lambda g, y: mul(g, sub(
 sigmoid = _unary("sigmoid", "out",
                  _fused_or("sigmoid_backward", lambda g, y: mul(g, mul(y, sub(1.0, y)))),
                  "logistic sigmoid")
-relu = _unary("relu", "out", _fused_or("relu_backward", lambda g, y: mul(g, gt(y, 0).to(g.dtype))),
+# g where y > 0, else 0: a select, not g * (y > 0), which makes an infinite g NaN
+relu = _unary("relu", "out", _fused_or("relu_backward", lambda g, y: where(le(y, 0), 0.0, g)),
               "max(input, 0)")
 silu = _unary("silu", "x", _fused_or("silu_backward", lambda g, x: mul(
     g, mul(sigmoid(x), add(1.0, mul(x, sub(1.0, sigmoid(x))))))), "input * sigmoid(input)")
@@ -524,6 +646,9 @@ def gelu(input, approximate="none"):
 
 @tensor_method()
 def square(input):
+    _check_is_tensor(input, "square")
+    if input.dtype is _dt.bool:
+        return pow(input, 2)          # PyTorch: int64, as bool ** 2 (bool * bool stays bool)
     return mul(input, input)
 
 
@@ -572,18 +697,27 @@ def where(condition, input=None, other=None):
 
 @tensor_method()
 def masked_fill(input, mask, value):
+    """``input`` with ``value`` where ``mask`` is True; like PyTorch's out-of-place form
+    the result has the broadcast shape of both (``masked_fill_`` keeps input's)."""
+    _check_is_tensor(input, "masked_fill")
     if not isinstance(mask, Tensor) or mask.dtype is not _dt.bool:
         raise TypeError(f"masked_fill(): mask must be a bool Tensor, got "
                         f"{getattr(mask, 'dtype', type(mask).__name__)}")
+    if not isinstance(value, (Tensor, int, float, np.number)):
+        raise TypeError(f"masked_fill(): argument 'value' must be a number or a 0-dim Tensor, "
+                        f"not {type(value).__name__}")
     broadcast_shapes(tuple(input.shape), tuple(mask.shape), op="masked_fill")
-    if tuple(broadcast_shapes(tuple(input.shape), tuple(mask.shape))) != tuple(input.shape):
-        raise RuntimeError(f"masked_fill(): mask of shape {tuple(mask.shape)} must broadcast to "
-                           f"input of shape {tuple(input.shape)}")
+    if input.dtype is _dt.bool and isinstance(value, (int, float, np.number)):
+        value = bool(value)          # 1e-50 is True (through float32 it would be 0: False)
     if isinstance(value, Tensor):
         if value.ndim != 0:
             raise RuntimeError(f"masked_fill(): value must be a 0-dim tensor or a number, got "
                                f"shape {tuple(value.shape)}")
         value = value.to(input.dtype)
+    else:
+        check_scalar_fits(value, input.dtype, "masked_fill")    # NaN or 2**40 in an int tensor
+        if input.dtype.category == 1:
+            value = int(value)       # truncated as PyTorch does (not rounded through float32)
     out = Where.apply(mask, value, input)
     return out if out.dtype is input.dtype else out.to(input.dtype)
 
@@ -609,7 +743,7 @@ class Clamp(Function):
             keep = ge(x, lo)
         if hi is not None:
             keep = le(x, hi) if keep is None else logical_and(keep, le(x, hi))
-        return (_grad_for(mul(g, keep.to(g.dtype)), x), None, None)
+        return (_grad_for(where(keep, g, 0.0), x), None, None)
 
 
 @tensor_method("clamp", "clip")

@@ -10,7 +10,8 @@ import numpy as np
 from .._tracing import recordable
 from ..autograd import Function, no_grad
 from ..tensor import Tensor
-from ._util import array_module, check_same_device, check_tensor, compute_array, kernel, wrap
+from ._util import (array_module, check_allocation, check_same_device, check_tensor,
+                    compute_array, kernel, stored_elements, wrap)
 
 __all__ = ["embedding"]
 
@@ -84,14 +85,24 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
                              f"(-{num} <= padding_idx < {num}), got {padding_idx}")
         padding_idx = padding_idx % num
     check_same_device("embedding", ("weight", weight), input=input)
-    idx = array_module(input._data).asarray(input._data, np.int64)
-    # (on a device: min and max come to the host, like PyTorch's device-side assert)
-    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= num):
-        bad = idx[(idx < 0) | (idx >= num)].reshape(-1)[0]
+    # The output (and the kernels' int64 copy of the indices) first: an index that is
+    # a broadcast view may stand for 10**12 lookups of one stored element.
+    count = input._data.size
+    out_shape = list(input._data.shape) + [weight.shape[1]]
+    check_allocation(count * (weight.shape[1] * weight.dtype.itemsize + 8),
+                     f"the output of shape {out_shape} ({weight.dtype}) and its indices",
+                     "embedding")
+    # Bounds on the elements stored, not on every position of an expanded view
+    # (on a device: min and max come to the host, like PyTorch's device-side assert).
+    stored = stored_elements(input._data)
+    if stored.size and (int(stored.min()) < 0 or int(stored.max()) >= num):
+        bad = stored[(stored < 0) | (stored >= num)].reshape(-1)[0]
         raise IndexError(f"embedding(): index {int(bad)} is out of range for num_embeddings="
                          f"{num} (weight of shape {list(weight.shape)})")
+    idx = array_module(input._data).asarray(input._data, np.int64)
     if max_norm is not None:
-        _renorm_(weight, idx, float(max_norm), float(norm_type))
+        xp = array_module(stored)
+        _renorm_(weight, xp.asarray(stored, np.int64), float(max_norm), float(norm_type))
     if input._placement is not None or weight._placement is not None:
         idx = input                     # global: the dispatch needs the indices' SBP
     return Embedding.apply(weight, idx, -1 if padding_idx is None else padding_idx,

@@ -18,6 +18,7 @@ scatter-adds, so duplicate indices accumulate their gradients.
 Lists used as keys are index tensors (``x[[0, 2]]``), also nested lists (the
 meaning PyTorch announced for its deprecated nested-list-as-tuple case).
 """
+import math
 import numbers
 import operator
 
@@ -28,8 +29,8 @@ from .. import dtypes as _dt
 from ..autograd import Function, is_grad_enabled
 from ..tensor import Tensor
 from ._method import tensor_method
-from ._util import (array_module, broadcast_shapes, check_tensor, compute_array, kernel,
-                    unbroadcast, wrap)
+from ._util import (array_module, broadcast_shapes, check_allocation, check_scalar_fits,
+                    check_tensor, compute_array, kernel, stored_elements, unbroadcast, wrap)
 from .shape import SliceScatter, SliceView, basic_view, expand, reshape
 
 __all__ = ["gather", "scatter", "scatter_add", "index_select", "index_add", "masked_select",
@@ -180,13 +181,14 @@ def _parse(shape, key, xp=np):
             if xp is not np:
                 v = xp.asarray(v)        # a host index (a list) moves to the device
             if v.size:       # (on a device: one copy of min and max to the host, like a device assert)
-                lo, hi = int(v.min()), int(v.max())
+                stored = stored_elements(v)      # an expanded index: its stored elements
+                lo, hi = int(stored.min()), int(stored.max())
                 bad = hi if hi >= size else lo
                 if hi >= size or lo < -size:
                     raise IndexError(f"index {bad} is out of bounds for dimension {src} "
                                      f"with size {size}")
-                if lo < 0:
-                    v = xp.where(v < 0, v + size, v)
+                if lo < 0:      # wrapped on the stored elements, then expanded again
+                    v = xp.broadcast_to(xp.where(stored < 0, stored + size, stored), v.shape)
             basic.append(slice(None))
             adv[out] = v
             src, out = src + 1, out + 1
@@ -268,6 +270,9 @@ class Index(Function):
     @staticmethod
     def forward(ctx, x, adv):
         ctx.shape, ctx.adv, ctx.dtype = x._data.shape, adv, x.dtype
+        shape = _result_shape(x._data.shape, adv)      # an expanded index may ask for 10**12
+        check_allocation(math.prod(shape) * x.dtype.itemsize,
+                         f"the result of shape {list(shape)} ({x.dtype})", "index")
         return Tensor._make(kernel("index", x.device.type)(x._data, adv), x.dtype, x.device)
 
     @staticmethod
@@ -354,6 +359,7 @@ def _as_value_tensor(value, like, op):
             raise RuntimeError(f"{op}: value is on {value.device}, the tensor on {like.device}")
         return value
     if isinstance(value, (numbers.Number, np.number, np.ndarray, list)):
+        check_scalar_fits(value, like.dtype, op)      # t[i] = 2**40 / NaN in an int tensor
         from .creation import tensor
         return tensor(value, dtype=like.dtype, device=like.device)
     raise TypeError(f"{op}: value must be a Tensor or a number, not {type(value).__name__}")
@@ -464,7 +470,8 @@ def _check_index(index, op, name="index"):
 def _check_bounds(idx, size, dim, op):
     """Indices must lie in [0, size) (gather/scatter take no negative indices)."""
     if idx.size:
-        lo, hi = int(idx.min()), int(idx.max())
+        stored = stored_elements(idx)            # an expanded index: its stored elements
+        lo, hi = int(stored.min()), int(stored.max())
         if lo < 0 or hi >= size:
             raise IndexError(f"{op}(): index {hi if hi >= size else lo} is out of bounds for "
                              f"dimension {dim} with size {size}")

@@ -10,7 +10,8 @@ elements): same-shape contiguous inputs, broadcasting (including a 0-d
 operand), transposed and step-sliced inputs, and a non-contiguous ``out``.
 The reference is the CPU kernel of the op evaluated in float64 for float
 dtypes (exact upcast of the inputs) and in the same dtype otherwise.  Prints
-one line per failure and exits 1 if there was any.
+one line per failure and exits 1 if there was any.  Then infinities, NaN, signed
+zeros and integer edge cases against PyTorch's values, stated in ``SPECIAL``.
 """
 import os
 import sys
@@ -159,6 +160,51 @@ def check_errors(failures):
             failures.append(f"expected {exc.__name__} containing {text!r}")
 
 
+INF, NAN = np.inf, np.nan
+I32_MIN, I64_MIN = -2**31, -2**63
+FLOATS = (np.float16, np.float32, np.float64)
+# (op, dtypes, inputs, expected): PyTorch's values, stated, not taken from the CPU
+# kernels (relu(-inf) = 0 not inf * 0 = NaN, relu(-3) = +0.0, sign(NaN) = 0,
+# rsqrt(-0.0) = -inf, abs(-0.0) = +0.0, int 0 ** -1 = 0, INT_MIN // -1 = INT_MIN)
+SPECIAL = [
+    ("relu", FLOATS,
+     ([-INF, -3.0, -0.0, 0.0, 2.0, NAN, INF],), [0.0, 0.0, -0.0, 0.0, 2.0, NAN, INF]),
+    ("relu_backward", FLOATS,
+     ([INF, NAN, INF, -INF, 1.0, INF, NAN], [0.0, 0.0, -0.0, 0.0, 2.0, NAN, INF]),
+     [0.0, 0.0, 0.0, 0.0, 1.0, INF, NAN]),
+    ("relu", (np.int32, np.int64), ([-3, 0, 2],), [0, 0, 2]),
+    ("sign", FLOATS, ([NAN, -0.0, -2.0, INF],), [0.0, 0.0, -1.0, 1.0]),
+    ("rsqrt", FLOATS, ([-0.0, 0.0, -1.0, 4.0],), [-INF, INF, NAN, 0.5]),
+    ("abs", FLOATS, ([-0.0, NAN, -INF],), [0.0, NAN, INF]),
+    ("pow", (np.int32, np.int64), ([-1, 0, 1, 2, -2, 3, -1, 0], [-1, -2, -3, -1, -1, 0, -2, -1]),
+     [-1, 0, 1, 0, 0, 1, 1, 0]),
+    ("floor_divide", (np.int32,), ([I32_MIN, 7, -7, 7], [-1, -1, 2, 3]), [I32_MIN, -7, -4, 2]),
+    ("floor_divide", (np.int64,), ([I64_MIN, 7, -7, 7], [-1, -1, 2, 3]), [I64_MIN, -7, -4, 2]),
+]
+
+
+def check_special_values(failures):
+    """Infinities, NaN, signed zeros and integer edge cases give PyTorch's values, on
+    the CUDA kernels and on the CPU kernels alike."""
+    for name, dtypes, inputs, expected in SPECIAL:
+        for dtype in dtypes:
+            arrays = [np.array(v, dtype) for v in inputs]
+            want = np.array(expected, dtype)
+            # (the CPU has no float16 kernels: ops compute float16 in float32)
+            for device in ("cuda",) if dtype == np.float16 else ("cuda", "cpu"):
+                label = f"{name} {np.dtype(dtype)} special values on {device}"
+                try:
+                    got = np.asarray(to_host(registry.get(name, device)(*arrays)))
+                except Exception as e:  # report every case, not just the first failure
+                    failures.append(f"{label}: raised {type(e).__name__}: {e}")
+                    continue
+                same = np.array_equal(got, want, equal_nan=want.dtype.kind == "f") and \
+                    (want.dtype.kind != "f" or np.array_equal(np.signbit(got), np.signbit(want)))
+                if not same:
+                    failures.append(f"{label}: inputs {inputs}\n  got  {got.tolist()}\n"
+                                    f"  want {expected}")
+
+
 def check_empty(failures):
     got = registry.get("mul", "cuda")(np.ones((0, 3)), np.ones((1, 3)))
     if got.shape != (0, 3):
@@ -177,6 +223,7 @@ def main():
         failures += op_failures
     check_errors(failures)
     check_empty(failures)
+    check_special_values(failures)
     for f in failures:
         print("FAIL", f)
     print(f"{count} op/dtype/layout checks, {len(failures)} failures, "

@@ -100,6 +100,34 @@ def check_fused_op(failures):
             failures.append(f"fused op on cuda tensors, result {k}: {b.tolist()} != {a.tolist()}")
 
 
+def check_infinities(failures):
+    """relu(x * s) of -inf is 0 and its gradient for an infinite g is 0; maximum's
+    gradient gives the operand not picked 0 (PyTorch's values, not inf * 0 = NaN),
+    on the CUDA and CPU kernels alike."""
+    inf, nan = np.inf, np.nan
+    relu = ((("mul", (0, 1)), ("relu", (2,))), (False, True))
+    maxi = ((("maximum", (0, 1)), ("mul", (2, 3))), (False, False, True))
+    cases = [  # (expr, wrt, args, expected)
+        (relu, None, [[-inf, -1.0, -0.0, 2.0, nan], 1.0], [0.0, 0.0, -0.0, 2.0, nan]),
+        (relu, 0, [[inf, inf, inf, 1.0, 1.0], [-inf, -1.0, -0.0, 2.0, nan], 1.0],
+         [0.0, 0.0, 0.0, 1.0, 1.0]),
+        (maxi, 0, [[inf, inf, inf], [1.0, 2.0, 3.0], [2.0, 2.0, 1.0], 1.0], [0.0, inf, inf]),
+        (maxi, 1, [[inf, inf, inf], [1.0, 2.0, 3.0], [2.0, 2.0, 1.0], 1.0], [inf, inf, 0.0]),
+    ]
+    for (program, scalars), wrt, args, expected in cases:
+        for dtype in (np.float32, np.float64):
+            ins = [a if isinstance(a, float) else np.array(a, dtype) for a in args]
+            want = np.array(expected, dtype)
+            for device in ("cuda", "cpu"):
+                got = np.asarray(registry.get("fused_elementwise", device)(
+                    (program, scalars, wrt), *ins))
+                if not (np.array_equal(got, want, equal_nan=True)
+                        and np.array_equal(np.signbit(got), np.signbit(want))):
+                    failures.append(f"{'+'.join(op for op, _ in program)} d/da{wrt} "
+                                    f"{np.dtype(dtype)} on {device}: got {got.tolist()}, "
+                                    f"want {expected}")
+
+
 def check_errors(failures):
     cuda = registry.get("fused_elementwise", "cuda")
     a = np.ones((2, 3), np.float32)
@@ -126,6 +154,7 @@ def main():
                 check(expr, dtype, case, failures)
                 count += 1
     check_fused_op(failures)
+    check_infinities(failures)
     check_errors(failures)
     for f in failures:
         print("FAIL", f)

@@ -242,3 +242,24 @@ def test_embedding_against_torch(kw):
     ref.backward(torch.tensor(g))
     assert_close(ours.grad, theirs.grad.cpu().numpy(), rtol=1e-5, atol=1e-6)
     assert_close(ours, theirs.detach().cpu().numpy(), rtol=1e-6)   # max_norm renormalized alike
+
+
+def test_embedding_of_a_huge_broadcast_index_fails_at_once():
+    """An index expanded to 10**12 positions: the output size is checked first (PyTorch's
+    "can't allocate memory"), before any scan of the positions or any allocation."""
+    idx = pf.zeros(1, dtype=pf.int64).expand(10**6, 10**6)
+    with pytest.raises(RuntimeError, match=r"embedding\(\): can't allocate memory"):
+        pf.embedding(idx, pf.ones(10, 4))
+
+
+def test_embedding_checks_the_stored_indices_of_an_expanded_view():
+    w = pf.tensor(np.arange(8.0).reshape(4, 2))
+    idx = pf.tensor([[3], [1]]).expand(2, 1000)
+    out = pf.embedding(idx, w)
+    assert out.shape == (2, 1000, 2)
+    assert out[0, 999].tolist() == [6.0, 7.0] and out[1, 0].tolist() == [2.0, 3.0]
+    with pytest.raises(IndexError, match="index 9 is out of range for num_embeddings=4"):
+        pf.embedding(pf.tensor([[1], [9]]).expand(2, 1000), w)
+    w = pf.tensor([[3.0, 4.0], [0.3, 0.4]])
+    out = pf.embedding(pf.tensor([0]).expand(5), w, max_norm=1.0)   # renormed once, on row 0
+    assert_close(out, [[0.6, 0.8]] * 5, rtol=1e-5)

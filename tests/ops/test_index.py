@@ -544,3 +544,23 @@ def test_index_put_accumulate():
     check_grad(lambda a, v: pf.index_put(a, (pf.tensor([1, 1]), pf.tensor([0, 2])), v,
                                          accumulate=True) * a,
                [np.random.default_rng(0).standard_normal((2, 3)), np.array([1.5, -2.0])])
+
+
+def test_an_expanded_index_is_checked_on_its_stored_elements():
+    """x[i] with i a broadcast view of 10**12 positions: bounds come from the one
+    stored element, and the result's size is refused before it is allocated."""
+    from pyflow.ops._util import stored_elements
+    x = pf.arange(5.0)
+    huge = pf.tensor([2]).expand(10**6, 10**6)
+    assert stored_elements(huge._data).size == 1
+    with pytest.raises(RuntimeError, match="can't allocate memory"):
+        x[huge]
+    with pytest.raises(RuntimeError, match="can't allocate memory"):
+        x[pf.tensor([-1]).expand(10**6, 10**6)]
+    with pytest.raises(IndexError, match="index 7 is out of bounds for dimension 0 with size 5"):
+        x[pf.tensor([7]).expand(10**6, 10**6)]
+    # negative stored indices wrap, and the result equals the materialized index's
+    idx = pf.tensor([[-1], [2]]).expand(2, 3)
+    assert x[idx].tolist() == [[4.0, 4.0, 4.0], [2.0, 2.0, 2.0]]
+    assert x[idx].tolist() == x[idx.contiguous()].tolist()
+    assert pf.index_select(x, 0, pf.tensor([4]).expand(3)).tolist() == [4.0, 4.0, 4.0]
