@@ -4,9 +4,10 @@ PyTorch's user interface over numba kernels; see README.md and docs/.
 """
 import os as _os
 
-# OpenMP and OpenBLAS workers must sleep, not spin, between kernels on a few
-# cores; both read that from the environment once, so it is set before NumPy
-# loads (and a pool that NumPy already started is restarted): see _threads.py.
+# OpenBLAS workers must sleep, not spin, between GEMMs on a few cores (and
+# OpenMP's too where ranks share the machine); the libraries read that from the
+# environment once, so it is set before NumPy loads (and a pool that NumPy
+# already started is restarted): see _threads.py.
 from . import _threads  # noqa: E402
 _threads.set_wait_policies()
 

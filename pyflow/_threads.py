@@ -8,19 +8,28 @@ pthread pool of its own).  A pool that *spins* after its work waiting for
 more keeps its cores from the pool that runs next.  Both runtimes read their
 spin settings from the environment once, when they are loaded:
 
-* ``OMP_WAIT_POLICY=PASSIVE``: OpenMP workers sleep at once (measured: conv2d
-  forward 10.3 ms instead of 4.6 ms on 2 cores with spinning workers);
 * ``OPENBLAS_THREAD_TIMEOUT=4``: OpenBLAS workers sleep after 2^4 cycles
   instead of spinning 2^28 (small-CNN training step 58 ms -> 12.6 ms).
+  ``import pyflow`` sets it (unless set) before NumPy loads.
+* OpenMP keeps its default wait (spin ``GOMP_SPINCOUNT`` = 300,000 rounds,
+  then sleep) in a process that has the machine to itself: with OpenBLAS
+  asleep nothing else wants the cores, and waking sleeping workers for every
+  kernel costs more.  Measured on 2 cores (AMD EPYC, 2026-12-03, three
+  alternating runs): small GPT step 24-31 ms with the default against 43-52
+  ms with ``OMP_WAIT_POLICY=PASSIVE``, small CNN 23-31 against 31-54 ms,
+  transformer block 106-115 against 135-183 ms.  Until then pyflow set
+  PASSIVE (measured against OpenBLAS threads that still spun), which also
+  slowed PyTorch 2.7x when pyflow was imported first.
+* ``OMP_WAIT_POLICY=PASSIVE`` where several ranks share the machine
+  (``OMPI_COMM_WORLD_LOCAL_SIZE`` > 1, as under ``pyflow-run``/``mpirun``):
+  a spinning worker there takes the core of another rank.
 
-``import pyflow`` sets both (unless already set) before NumPy loads.  When
-NumPy was imported first -- ``import torch`` imports it, so does a data
+When NumPy was imported first -- ``import torch`` imports it, so does a data
 pipeline -- OpenBLAS has already read its environment and spins.  That is the
 case that made two frameworks in one process slow: a small GPT training step
 on pyflow went from 8.3 ms to 139 ms with PyTorch imported before it, and
 PyTorch's own step from 5 ms to 80 ms (both libraries' OpenMP threads and
-OpenBLAS's spinning threads fighting for 2 cores).  OpenMP's default wait (a
-short spin, then sleep) alone did not hurt; the spinning OpenBLAS pool did.
+OpenBLAS's spinning threads fighting for 2 cores).
 
 The remedy restarts OpenBLAS's pool with the short timeout: set the variable,
 call OpenBLAS's ``openblas_read_env`` (the function its loader runs) and
@@ -40,7 +49,6 @@ import os
 import sys
 
 GUARD_ENV_VAR = "PYFLOW_THREAD_GUARD"
-SETTINGS = {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
 
 _found = {}
 
@@ -51,8 +59,14 @@ def set_wait_policies():
                   user_timeout=os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
                   openmp_first=_loaded("libgomp"),
                   user_wait_policy=os.environ.get("OMP_WAIT_POLICY"))
-    for name, value in SETTINGS.items():
-        os.environ.setdefault(name, value)
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+    if _ranks_on_this_machine() > 1:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def _ranks_on_this_machine():
+    value = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "")
+    return int(value) if value.strip().isdigit() else 1
 
 
 def restart_preloaded_openblas():
@@ -118,7 +132,8 @@ def openblas_thread_timeout():
 def report():
     """What ``import pyflow`` found already loaded and what it did about it."""
     if not _found.get("openmp_first"):
-        openmp = f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}"
+        policy = os.environ.get("OMP_WAIT_POLICY")
+        openmp = f"OMP_WAIT_POLICY={policy}" if policy else "default wait (a short spin, then sleep)"
     elif _found.get("user_wait_policy"):
         openmp = f"loaded before pyflow, OMP_WAIT_POLICY={_found['user_wait_policy']}"
     else:      # libgomp has no call to change it once loaded

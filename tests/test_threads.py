@@ -41,7 +41,7 @@ def test_pyflow_first_sets_the_short_openblas_timeout():
     assert got["timeout"] == [4]
     assert got["report"]["numpy imported before pyflow"] is False
     assert got["report"]["OpenBLAS"] == "none needed"
-    assert got["report"]["OpenMP"] == "OMP_WAIT_POLICY=PASSIVE"
+    assert got["report"]["OpenMP"] == "default wait (a short spin, then sleep)"
 
 
 @pytest.mark.cpu_only
@@ -68,6 +68,15 @@ def test_torch_first():
     assert got["report"]["torch imported before pyflow"] is True
     assert got["report"]["OpenMP"].startswith("loaded before pyflow")
     assert got["gemm_ok"]
+
+
+@pytest.mark.cpu_only
+def test_ranks_sharing_the_machine_get_passive_openmp_waits():
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["OMPI_COMM_WORLD_LOCAL_SIZE"] = "2"
+    out = subprocess.run([sys.executable, "-c", "import os, pyflow; print(os.environ['OMP_WAIT_POLICY'])"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "PASSIVE", out.stderr
 
 
 @pytest.mark.cpu_only

@@ -15,11 +15,12 @@ Why the caller runs compute: OpenMP (numba's parallel loops, MKL) keeps a
 team of worker threads per calling thread.  Had a graph's kernels run on a
 thread of their own, a process that also traced or ran eager code on its main
 thread would keep two teams whose idle workers compete for the same cores.
-Under ``OMP_WAIT_POLICY=active`` (pyflow sets PASSIVE unless told otherwise,
-but HPC sites often set active) they spin: GPT-mini graph steps took 451-462
+Under ``OMP_WAIT_POLICY=active`` (HPC sites often set it; pyflow leaves
+libgomp's short default spin in one process, PASSIVE where ranks share the
+machine: pyflow/_threads.py) they spin: GPT-mini graph steps took 451-462
 ms against 242-255 ms for the sequential executor; with the caller running
 compute, 263-267 ms against 261-262 ms (bench/graph_step.py's model, separate
-processes, medians of 12 steps).  With the passive default the two differed
+processes, medians of 12 steps).  With the passive policy the two differed
 by no more than the machine's noise.
 
 Who watches: the caller's own loop when it runs a stream and no timeout is
