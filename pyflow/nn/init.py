@@ -34,6 +34,18 @@ def _fill_from(tensor, values):
     return tensor
 
 
+def _fill_drawn(tensor, kind, generator, **params):
+    """Fill ``tensor`` with ``generator``'s numbers of ``kind`` ("uniform", "normal"),
+    drawn in pieces straight into an array of its dtype (``ops.creation._drawn``): no
+    float64 copy of the whole tensor, and the numbers one draw of its size would give."""
+    from ..ops._util import wrap
+    from ..ops.creation import _drawn
+    values = _drawn(tuple(tensor.shape), tensor.dtype, kind, generator, **params)
+    with no_grad():
+        tensor.copy_(wrap(values, tensor.dtype))
+    return tensor
+
+
 def _rng(generator):
     return generator_of(generator).numpy
 
@@ -85,7 +97,7 @@ def uniform_(tensor, a=0.0, b=1.0, generator=None):
     _check(tensor, "uniform_")
     if a > b:
         raise ValueError(f"uniform_(): expects a <= b, but found a={a} > b={b}")
-    return _fill_from(tensor, _rng(generator).uniform(a, b, size=tuple(tensor.shape)))
+    return _fill_drawn(tensor, "uniform", generator, low=a, high=b)
 
 
 def normal_(tensor, mean=0.0, std=1.0, generator=None):
@@ -93,7 +105,7 @@ def normal_(tensor, mean=0.0, std=1.0, generator=None):
     _check(tensor, "normal_")
     if std < 0:
         raise RuntimeError(f"normal_(): expects std >= 0.0, but found std {std}")
-    return _fill_from(tensor, _rng(generator).normal(mean, std, size=tuple(tensor.shape)))
+    return _fill_drawn(tensor, "normal", generator, loc=mean, scale=std)
 
 
 def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):

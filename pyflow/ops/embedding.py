@@ -12,8 +12,15 @@ from ..autograd import Function, no_grad
 from ..tensor import Tensor
 from ._util import (array_module, check_allocation, check_same_device, check_tensor,
                     compute_array, kernel, stored_elements, wrap)
+from .index import IndexOutOfBoundsError
 
 __all__ = ["embedding"]
+
+
+class IndicesDtypeError(TypeError, RuntimeError):
+    """Indices that are not integers: PyTorch raises RuntimeError, pyflow raised (and
+    code may catch) TypeError, so this is both (as NumPy's AxisError is both
+    ValueError and IndexError)."""
 
 
 class Embedding(Function):
@@ -73,8 +80,8 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     check_tensor(input, "input", "embedding")
     check_tensor(weight, "weight", "embedding")
     if input.dtype.category != 1:
-        raise TypeError(f"embedding(): argument 'input' (indices) must be an integer tensor "
-                        f"(int64 or int32), got {input.dtype}")
+        raise IndicesDtypeError(f"embedding(): argument 'input' (indices) must be an integer "
+                                f"tensor (int64 or int32), got {input.dtype}")
     if weight.ndim != 2:
         raise ValueError(f"embedding(): weight must be 2-D (num_embeddings, embedding_dim), "
                          f"got shape {list(weight.shape)}")
@@ -95,10 +102,15 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     # Bounds on the elements stored, not on every position of an expanded view
     # (on a device: min and max come to the host, like PyTorch's device-side assert).
     stored = stored_elements(input._data)
+    if stored.size and num == 0:        # PyTorch: a RuntimeError, not its IndexError below
+        raise RuntimeError(f"embedding(): weight has no rows (shape {list(weight.shape)}), so "
+                           f"no index is in range")
     if stored.size and (int(stored.min()) < 0 or int(stored.max()) >= num):
         bad = stored[(stored < 0) | (stored >= num)].reshape(-1)[0]
-        raise IndexError(f"embedding(): index {int(bad)} is out of range for num_embeddings="
-                         f"{num} (weight of shape {list(weight.shape)})")
+        # PyTorch: IndexError, or RuntimeError when the rows are empty (dim 0): both
+        raise IndexOutOfBoundsError(f"embedding(): index {int(bad)} is out of range for "
+                                    f"num_embeddings={num} (weight of shape "
+                                    f"{list(weight.shape)})")
     idx = array_module(input._data).asarray(input._data, np.int64)
     if max_norm is not None:
         xp = array_module(stored)

@@ -37,6 +37,18 @@ __all__ = ["gather", "scatter", "scatter_add", "index_select", "index_add", "mas
            "nonzero", "take_along_dim", "index_put", "argwhere"]
 
 
+# Two errors of two families at once, as NumPy's AxisError is both ValueError and
+# IndexError: each is what PyTorch raises in one place and what pyflow raised (and code
+# may catch) before, so an ``except`` for either class catches it.
+class IndexOutOfBoundsError(IndexError, RuntimeError):
+    """An index out of bounds in gather / scatter / index_select / index_add: PyTorch's
+    is a RuntimeError from gather and scatter and an IndexError from index_select."""
+
+
+class IndexKeyTypeError(IndexError, TypeError):
+    """A key of a type that cannot index a tensor (a str): PyTorch raises TypeError."""
+
+
 # ------------------------------------------------------------------ key parsing
 class _Key:
     """A parsed key: ``basic`` (tuple for a view, or None when it is the whole
@@ -86,6 +98,8 @@ def _index_array(obj, what="index"):
                              f"got a tensor of dtype {dt}")
         return arr
     arr = np.asarray(obj)
+    if arr.dtype.kind in "SU":       # ["a"]: what PyTorch cannot make a tensor of
+        raise IndexKeyTypeError(f"{what}: strings are not valid indices (got {obj!r})")
     if arr.dtype == object:
         raise IndexError(f"{what}: could not convert {obj!r} to an index tensor")
     if arr.size == 0 and arr.dtype.kind == "f":  # x[[]] indexes nothing, like PyTorch
@@ -123,6 +137,9 @@ def _classify(k):
         return "int", int(k)
     if isinstance(k, slice):
         return "slice", _slice(k)
+    if isinstance(k, (str, bytes)):
+        raise IndexKeyTypeError(f"only integers, slices (`:`), ellipsis (`...`), None and long "
+                                f"or bool tensors are valid indices (got {type(k).__name__})")
     if isinstance(k, (Tensor, np.ndarray, list, tuple)):
         arr = _index_array(k)
         if arr.dtype == np.bool_:
@@ -473,8 +490,8 @@ def _check_bounds(idx, size, dim, op):
         stored = stored_elements(idx)            # an expanded index: its stored elements
         lo, hi = int(stored.min()), int(stored.max())
         if lo < 0 or hi >= size:
-            raise IndexError(f"{op}(): index {hi if hi >= size else lo} is out of bounds for "
-                             f"dimension {dim} with size {size}")
+            raise IndexOutOfBoundsError(f"{op}(): index {hi if hi >= size else lo} is out of "
+                                        f"bounds for dimension {dim} with size {size}")
 
 
 def _fold3(arr, d):
@@ -491,8 +508,11 @@ def _region(shape, index_shape, d):
 
 def _gather_args(input, dim, index, op, other=None):
     check_tensor(input, "input", op)
+    check_tensor(index, "index", op)
+    d = input._wrap_dim(dim) if input.ndim else input._wrap_dim(dim, 1)   # the dim first
+    if index.numel() == 0:
+        return d        # an empty index selects nothing: PyTorch checks nothing else
     _check_index(index, op)
-    d = input._wrap_dim(dim) if input.ndim else input._wrap_dim(dim, 1)
     nd = max(input.ndim, 1)
     if max(index.ndim, 1) != nd:
         raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as "
@@ -517,6 +537,8 @@ class Gather(Function):
         ctx.x_shape, ctx.d, ctx.index = x._data.shape, d, index
         data = x._data.reshape(x._data.shape or (1,))
         xp = array_module(data)
+        if index._data.size == 0:       # any shape (see _gather_args): the index's
+            return Tensor._make(xp.zeros(index._data.shape, data.dtype), x.dtype, x.device)
         idx = xp.ascontiguousarray(index._data.reshape(index._data.shape or (1,)), np.int64)
         _check_bounds(idx, data.shape[d], d, "gather")
         src = xp.ascontiguousarray(data[_region(data.shape, idx.shape, d)])
@@ -541,6 +563,8 @@ class ScatterAdd(Function):
         data = x._compute()
         xp = array_module(data)
         out = xp.array(data, copy=True, order="C").reshape(shape)
+        if index._data.size == 0:       # nothing to write (src of any shape, see _gather_args)
+            return wrap(out.reshape(x._data.shape), x.dtype, x.device)
         idx = xp.ascontiguousarray(index._data.reshape(index._data.shape or (1,)), np.int64)
         _check_bounds(idx, shape[d], d, "scatter_add" if accumulate else "scatter")
         s = compute_array(src, x.dtype)
@@ -567,7 +591,10 @@ class ScatterAdd(Function):
                 g, ctx.d, ctx.index,
                 Tensor._make(array_module(g._data).zeros(tuple(ctx.index.shape), g.dtype.storage),
                              g.dtype, g.device), False)
-        if ctx.needs_input_grad[3]:
+        if ctx.needs_input_grad[3] and ctx.index.numel() == 0:     # src was not read
+            from .creation import zeros
+            gs = zeros(ctx.src_shape, dtype=g.dtype, device=g.device)
+        elif ctx.needs_input_grad[3]:
             gs = Gather.apply(g, ctx.d, ctx.index)
             if tuple(gs.shape) != ctx.src_shape:   # src larger than index: zeros elsewhere
                 gs = SliceScatter.apply(gs, ctx.src_shape,
@@ -717,7 +744,11 @@ class IndexAdd(Function):
 @_whole_globals
 def index_select(input, dim, index):
     check_tensor(input, "input", "index_select")
+    check_tensor(index, "index", "index_select")
     d = input._wrap_dim(dim) if input.ndim else input._wrap_dim(dim, 1)
+    if input.ndim == 0 and index.ndim <= 1 and index.numel() != 1:
+        raise RuntimeError(f"index_select(): Index to scalar can have only 1 value, got "
+                           f"{index.numel()} value(s)")
     return IndexSelect.apply(input, d, index)
 
 

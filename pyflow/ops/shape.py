@@ -13,7 +13,7 @@ from .. import dtypes as _dt
 from ..autograd import Function
 from ..tensor import Tensor, _pointer
 from ._method import tensor_method
-from ._util import array_module, check_tensor, kernel, normalize_dims, shape_arg
+from ._util import array_module, check_scalar_fits, check_tensor, kernel, normalize_dims, shape_arg
 
 __all__ = ["cast", "clone", "contiguous", "view", "reshape", "transpose", "swapaxes", "permute",
            "t", "expand", "expand_as", "unsqueeze", "squeeze", "flatten", "unflatten", "split",
@@ -494,7 +494,10 @@ def fill_(input, value):
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
                            "operation (fill_); wrap it in `with pyflow.no_grad():`")
     if isinstance(value, Tensor):
-        value = value.item()
+        # a tensor converts as .to() does (wrapping, as in PyTorch); a number must fit
+        value = value.to(input.dtype).item()
+    else:
+        check_scalar_fits(value, input.dtype, "fill_")
     if input.dtype is _dt.bfloat16:
         from ..kernels.cpu.cast import float32_to_bfloat16
         value = float32_to_bfloat16(np.float32(value)).item()

@@ -171,3 +171,38 @@ def test_default_layer_init_distribution_matches_torch(layer, args):
         assert np.abs(tv).max() <= bound * (1 + 1e-6)
         if name == "weight":   # U(-b, b) has std b/sqrt(3)
             assert abs(v.std() / (bound / math.sqrt(3)) - 1) < 0.1
+
+
+def test_uniform_normal_numbers_for_a_seed_are_pinned():
+    # the numbers of the one-draw implementation (before uniform_/normal_ drew in
+    # pieces); the half types round through float32 as their compute dtype does
+    g = pf.Generator().manual_seed(1234)
+    assert init.uniform_(pf.empty(4), -2.0, 3.0, generator=g).tolist() == pytest.approx(
+        [0.7862846851348877, -0.8813188076019287, -0.5333271026611328, 0.8987787961959839],
+        rel=0, abs=0)
+    assert init.normal_(pf.empty(3), 0.5, 2.0, generator=g).tolist() == pytest.approx(
+        [-0.7389341592788696, 2.246140241622925, -3.9132933616638184], rel=0, abs=0)
+    g = pf.Generator().manual_seed(1234)
+    assert init.uniform_(pf.empty(4, dtype=pf.bfloat16), -2.0, 3.0, generator=g).tolist() == \
+        [0.78515625, -0.8828125, -0.53515625, 0.8984375]
+    assert init.normal_(pf.empty(3, dtype=pf.bfloat16), 0.5, 2.0, generator=g).tolist() == \
+        [-0.73828125, 2.25, -3.90625]
+    # more than one piece (pyflow.random.DRAW_CHUNK), into a non-contiguous view: the
+    # numbers of one draw of that size
+    t = pf.empty(300, 700).t()
+    init.normal_(t, 1.0, 3.0, generator=pf.Generator().manual_seed(5))
+    ref = np.random.Generator(np.random.Philox(5)).normal(1.0, 3.0, size=(700, 300))
+    np.testing.assert_array_equal(t.numpy(), ref.astype(np.float32))
+
+
+def test_uniform_normal_make_no_float64_copy():
+    import tracemalloc
+    t = pf.empty(1_000_000)                  # 4 MB; a float64 copy alone is 8 MB
+    tracemalloc.start()
+    try:
+        init.uniform_(t, -1.0, 1.0)
+        init.normal_(t)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 7_000_000, peak

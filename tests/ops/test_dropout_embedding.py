@@ -263,3 +263,20 @@ def test_embedding_checks_the_stored_indices_of_an_expanded_view():
     w = pf.tensor([[3.0, 4.0], [0.3, 0.4]])
     out = pf.embedding(pf.tensor([0]).expand(5), w, max_norm=1.0)   # renormed once, on row 0
     assert_close(out, [[0.6, 0.8]] * 5, rtol=1e-5)
+
+
+def test_embedding_error_types_match_torch():
+    w = pf.ones(4, 2)
+    # float indices: PyTorch's RuntimeError; still the TypeError test_embedding_errors asserts
+    with pytest.raises(RuntimeError, match="integer tensor") as info:
+        pf.embedding(pf.tensor([0.0]), w)
+    assert isinstance(info.value, TypeError)
+    # a table with no rows: a RuntimeError (PyTorch's), not the out-of-range IndexError
+    with pytest.raises(RuntimeError, match="no rows"):
+        pf.embedding(pf.tensor([0]), pf.ones(0, 2))
+    assert tuple(pf.embedding(pf.tensor([], dtype=pf.int64), pf.ones(0, 2)).shape) == (0, 2)
+    # out of range: PyTorch's IndexError, or its RuntimeError when the rows are empty
+    for w in (pf.ones(2, 3), pf.ones(2, 0)):
+        with pytest.raises(RuntimeError, match="index 2 is out of range") as info:
+            pf.embedding(pf.tensor([2]), w)
+        assert isinstance(info.value, IndexError)

@@ -564,3 +564,52 @@ def test_an_expanded_index_is_checked_on_its_stored_elements():
     assert x[idx].tolist() == [[4.0, 4.0, 4.0], [2.0, 2.0, 2.0]]
     assert x[idx].tolist() == x[idx.contiguous()].tolist()
     assert pf.index_select(x, 0, pf.tensor([4]).expand(3)).tolist() == [4.0, 4.0, 4.0]
+
+
+def test_gather_scatter_out_of_bounds_is_runtime_and_index_error():
+    # PyTorch raises RuntimeError here (IndexError from index_select); pyflow's error is
+    # both, so the IndexError the tests above assert still holds
+    for call in (lambda: pf.gather(pf.ones(3), 0, pf.tensor([-1])),
+                 lambda: pf.scatter(pf.ones(3), 0, pf.tensor([3]), pf.ones(1)),
+                 lambda: pf.scatter_add(pf.ones(2, 2), 1, pf.tensor([[0, 2]]), pf.ones(1, 2)),
+                 lambda: pf.index_select(pf.ones(3), 0, pf.tensor([3]))):
+        with pytest.raises(RuntimeError, match="out of bounds") as info:
+            call()
+        assert isinstance(info.value, IndexError)
+
+
+def test_gather_scatter_empty_index_skips_shape_checks():
+    # as PyTorch: an empty index (any dims, any dtype) selects nothing, src of any shape
+    out = pf.gather(pf.ones(2, 3), 1, pf.zeros(5, 0, dtype=pf.int64))
+    assert tuple(out.shape) == (5, 0) and out.dtype is pf.float32
+    assert tuple(pf.gather(pf.ones(2, 3), 1, pf.zeros(0)).shape) == (0,)
+    assert tuple(pf.gather(pf.tensor(1.0), 0, pf.zeros(0, 2, dtype=pf.int64)).shape) == (0, 2)
+    assert pf.scatter(pf.tensor(1.0), 0, pf.zeros(0, 2, dtype=pf.int64), pf.ones(3)).item() == 1.0
+    x = pf.ones(3, 0, 3, requires_grad=True)
+    s = pf.ones(4, requires_grad=True)
+    out = pf.scatter_add(x, -3, pf.zeros(3, 0, 3, dtype=pf.int64), s)
+    assert tuple(out.shape) == (3, 0, 3)
+    x2 = pf.ones(2, 3, requires_grad=True)
+    pf.scatter(x2, 1, pf.zeros(0, dtype=pf.int64), s).sum().backward()
+    assert x2.grad.tolist() == [[1.0] * 3] * 2 and s.grad.tolist() == [0.0] * 4
+    # the dim is still checked, and before the index's dtype (as PyTorch)
+    with pytest.raises(IndexError, match="out of range"):
+        pf.gather(pf.ones(2, 3), 5, pf.zeros(0, dtype=pf.int64))
+    with pytest.raises(IndexError, match="out of range"):
+        pf.gather(pf.ones(2, 3), 5, pf.zeros(1, 1))
+
+
+def test_index_select_scalar_needs_one_index():
+    with pytest.raises(RuntimeError, match="Index to scalar can have only 1 value, got 0"):
+        pf.index_select(pf.tensor(1.0), 0, pf.tensor([], dtype=pf.int64))
+    with pytest.raises(RuntimeError, match="got 2 value"):
+        pf.index_select(pf.tensor(1.0), 0, pf.tensor([0, 0]))
+    assert pf.index_select(pf.tensor(2.0), 0, pf.tensor([0])).item() == 2.0
+
+
+@pytest.mark.parametrize("key", ["a", b"a", (0, "a"), ["a"]])
+def test_getitem_string_key_is_type_error(key):
+    # PyTorch: TypeError; the error is an IndexError too (test_getitem_errors asserts it)
+    with pytest.raises(TypeError, match="valid indices") as info:
+        pf.zeros(3, 4)[key]
+    assert isinstance(info.value, IndexError)

@@ -199,3 +199,18 @@ def test_view_chain_matches_torch(data):
     ref.backward(torch.tensor(w))
     out.backward(pf.tensor(w))
     assert_close(px.grad, tx.grad.cpu().numpy())
+
+
+def test_fill_number_must_fit_integer_dtype():
+    # a Python number out of an integer dtype's range (or NaN/inf) is PyTorch's overflow
+    # RuntimeError, not NumPy's OverflowError/ValueError; a tensor value wraps as in torch
+    for value in (2**40, 2**31, float("nan"), float("inf")):
+        with pytest.raises(RuntimeError, match="fill_.*cannot be converted to type int32 "
+                                               "without overflow"):
+            pf.zeros(2, dtype=pf.int32).fill_(value)
+    with pytest.raises(RuntimeError, match="int64 without overflow"):
+        pf.zeros(2, dtype=pf.int64).fill_(float("nan"))
+    assert pf.zeros(2, dtype=pf.int32).fill_(-2**31).tolist() == [-2**31] * 2
+    assert pf.zeros(2, dtype=pf.int32).fill_(2.7).tolist() == [2, 2]
+    assert pf.zeros(2, dtype=pf.int32).fill_(pf.tensor(2**40)).tolist() == [0, 0]
+    assert pf.zeros(2).fill_(2**40).tolist() == [2.0**40] * 2
