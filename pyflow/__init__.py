@@ -37,6 +37,7 @@ from . import ops
 from . import backends, cuda, nn, optim, utils
 from .distributed import env  # noqa: E402  (pyflow.env.get_rank() ...; MPI starts on first use)
 from .distributed import placement, sbp  # noqa: E402  (pyflow.placement, pyflow.sbp.split(0) ...)
+from .distributed import dispatch, global_tensor  # noqa: E402,F401  (global tensors; fill _hooks)
 from .graph.explain import explain
 from .utils.serialization import load, save
 

@@ -18,9 +18,11 @@ Users subclass ``Function`` the same way to wrap their own kernels::
             (x,) = ctx.saved_tensors
             return 2 * x * grad
 """
+import functools
 import threading
 import weakref
 
+from ._hooks import HOOKS
 from .tensor import Tensor
 
 __all__ = ["Function", "backward", "grad", "no_grad", "enable_grad",
@@ -53,7 +55,6 @@ class set_grad_enabled:
         _mode.enabled = self.prev
 
     def __call__(self, fn):  # usable as a decorator
-        import functools
         mode = _mode.enabled
         _mode.enabled = self.prev
 
@@ -74,7 +75,6 @@ class no_grad(set_grad_enabled):
         return self
 
     def __call__(self, fn):
-        import functools
 
         @functools.wraps(fn)
         def wrapper(*a, **k):
@@ -90,7 +90,6 @@ class enable_grad(no_grad):
         return self
 
     def __call__(self, fn):
-        import functools
 
         @functools.wraps(fn)
         def wrapper(*a, **k):
@@ -165,8 +164,7 @@ class Node:
             raise RuntimeError("Trying to backward through the graph a second time; "
                                "pass retain_graph=True to the first backward().")
         if ctx.materialize_grads:
-            from . import ops
-            grads = [g if g is not None else ops.zeros(s, dtype=d, device=dev)
+            grads = [g if g is not None else HOOKS.zeros(s, dtype=d, device=dev)
                      for g, (s, d, dev) in zip(grads, self.out_meta)]
         res = self.fn.backward(ctx, *grads)
         if not isinstance(res, tuple):
@@ -223,9 +221,18 @@ def _edge(t):
 class Function:
     """Base class of every differentiable op (built-in and user-defined).
 
-    A call with a global tensor argument goes to ``pyflow.distributed.dispatch``
-    (SBP deduction and boxing) unless the class sets ``handles_global``."""
+    An op is one class: ``forward``, ``backward`` and ``sbp_rule``, the layouts
+    of global tensors it can compute on locally (as OneFlow keeps an op's SBP
+    signature beside its shape inference).  ``sbp_rule(args) -> [Candidate]``
+    is built with ``pyflow.distributed.signatures`` (``elementwise_rule()``,
+    ``matmul_rule``...); without one an op runs on replicated inputs
+    (``broadcast_only``), always correct and only not the cheapest.
+
+    A call with a global tensor argument goes to the SBP dispatch
+    (``HOOKS.apply_global``: deduce a signature, box the inputs, run on the
+    pieces) unless the class sets ``handles_global``."""
     handles_global = False
+    sbp_rule = None
 
     @staticmethod
     def forward(ctx, *args, **kwargs):
@@ -241,8 +248,7 @@ class Function:
         for a in args:
             if isinstance(a, Tensor):
                 if a._placement is not None and not cls.handles_global:
-                    from .distributed.dispatch import apply_global
-                    return apply_global(cls, args, kwargs)
+                    return HOOKS.apply_global(cls, args, kwargs)
                 if a.requires_grad:
                     record = True
         ctx = Context()
@@ -309,7 +315,6 @@ def _toposort(roots):
 def _run_backward(outputs, grad_outputs, retain_graph, create_graph, inputs=None):
     """Propagate ``grad_outputs`` from ``outputs``.  With ``inputs`` the grads
     reaching them are returned instead of being accumulated into ``.grad``."""
-    from . import ops
     roots, pending = [], {}
     for t, g in zip(outputs, grad_outputs):
         e = _edge(t)
@@ -363,7 +368,7 @@ def _run_backward(outputs, grad_outputs, retain_graph, create_graph, inputs=None
                     continue
                 key = (id(e[0]), e[1])
                 prev = pending.get(key)
-                pending[key] = g if prev is None else ops.add(prev, g)
+                pending[key] = g if prev is None else prev + g
             if not retain_graph:
                 node.release()
     return results
@@ -371,8 +376,7 @@ def _run_backward(outputs, grad_outputs, retain_graph, create_graph, inputs=None
 
 def _accumulate(t, g, create_graph):
     if t._placement is not None:      # a global leaf: its gradient in its own SBP
-        from .distributed.dispatch import box_gradient
-        g = box_gradient(g, t)
+        g = HOOKS.box_gradient(g, t)
     for hook in t._hooks or ():
         r = hook(g)
         if r is not None:
@@ -389,14 +393,13 @@ def _accumulate(t, g, create_graph):
 
 
 def _as_grads(tensors, grad_tensors, what):
-    from . import ops
     out = []
     for i, (t, g) in enumerate(zip(tensors, grad_tensors)):
         if g is None:
             if t.numel() != 1:
                 raise RuntimeError(f"{what}: grad can be implicitly created only for scalar "
                                    f"outputs; output {i} has shape {tuple(t.shape)}, pass a gradient")
-            g = ops.ones_like(t)
+            g = HOOKS.ones_like(t)
         elif tuple(g.shape) != tuple(t.shape):
             raise RuntimeError(f"{what}: gradient {i} has shape {tuple(g.shape)}, expected "
                                f"{tuple(t.shape)} (the shape of the output)")
@@ -433,3 +436,6 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
             raise RuntimeError(f"grad: input {i} was not used to compute the outputs; "
                                f"pass allow_unused=True to get None for it")
     return tuple(res)
+
+
+HOOKS.provide(backward=backward, grad=grad)

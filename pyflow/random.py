@@ -8,6 +8,9 @@ import json
 
 import numpy as np
 
+from . import dtypes as _dt
+from .tensor import Tensor
+
 __all__ = ["Generator", "manual_seed", "seed", "initial_seed", "get_rng_state",
            "set_rng_state", "default_generator"]
 
@@ -38,9 +41,8 @@ class Generator:
 
     def get_state(self):
         """The generator state as a uint8-valued int64 tensor (JSON of Philox's key/counter)."""
-        from .ops.creation import tensor
         state = json.dumps(self._rng.bit_generator.state, default=_jsonable)
-        return tensor(np.frombuffer(state.encode(), np.uint8).astype(np.int64))
+        return Tensor._make(np.frombuffer(state.encode(), np.uint8).astype(np.int64), _dt.int64)
 
     def set_state(self, state):
         raw = bytes(np.asarray(state._data, np.uint8))

@@ -11,11 +11,15 @@ Ops are defined in ``pyflow/ops/*`` and attached here as methods by
 tensor object itself.
 """
 import builtins
+import weakref
 
 import numpy as np
 
 from . import dtypes as _dt
+from ._hooks import HOOKS
+from ._print import format_tensor
 from .device import CPU, as_device, check_available
+from .kernels.registry import get as _kernel
 
 __all__ = ["Tensor", "Size"]
 
@@ -218,8 +222,7 @@ class Tensor:
         return self._as_float32()
 
     def _as_float32(self):
-        from pyflow.kernels.registry import get
-        return get("cast", self.device.type)(self._data, self.dtype, _dt.float32)
+        return _kernel("cast", self.device.type)(self._data, self.dtype, _dt.float32)
 
     def _host(self):
         """``_compute()`` as a host NumPy array (a copy for device tensors)."""
@@ -339,7 +342,6 @@ class Tensor:
     def retain_grad(self):
         if self.grad_fn is None:
             return
-        import weakref
         ref = weakref.ref(self)
 
         def keep(g):
@@ -349,32 +351,30 @@ class Tensor:
         self.register_hook(keep)
 
     def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-        from . import autograd
-        if inputs is not None:
-            grads = autograd.grad(self, inputs, gradient, retain_graph, create_graph,
+        if inputs is not None:        # autograd's functions (pyflow/_hooks.py)
+            grads = HOOKS.grad(self, inputs, gradient, retain_graph, create_graph,
                                   allow_unused=True)
             for t, g in zip(inputs, grads):
                 if g is not None:
                     t.grad = g if t.grad is None else t.grad + g
             return
-        autograd.backward(self, gradient, retain_graph, create_graph)
+        HOOKS.backward(self, gradient, retain_graph, create_graph)
 
     # ------------------------------------------------------------- conversion
     def to(self, *args, dtype=None, device=None, copy=False, non_blocking=False):
         dtype, device = parse_to_args(args, dtype, device)
-        from . import ops
-        out = self
+        out = self                        # the conversions are ops (pyflow/_hooks.py)
         if dtype is not None:
             dtype = _dt.as_dtype(dtype)
             if dtype is not self.dtype:
-                out = ops.cast(out, dtype)
+                out = HOOKS.cast(out, dtype)
         if device is not None:
             dev = as_device(device)
             if dev != self.device:
                 check_available(dev)
-                out = ops.to_device(out, dev)
+                out = HOOKS.to_device(out, dev)
         if copy and out is self:
-            out = ops.clone(self)
+            out = HOOKS.clone(self)
         return out
 
     def type(self, dtype=None):
@@ -401,7 +401,6 @@ class Tensor:
 
     # ------------------------------------------------------------- printing
     def __repr__(self):
-        from ._print import format_tensor
         return format_tensor(self)
 
     __str__ = __repr__
@@ -412,20 +411,37 @@ class Tensor:
         return repr(self)
 
     def __reduce_ex__(self, proto):
-        from .utils.serialization import _rebuild_tensor
         if self.device.type == "cpu":
-            return (_rebuild_tensor, (np.array(self._data), self.dtype.name, self.requires_grad))
+            return (rebuild_tensor, (np.array(self._data), self.dtype.name, self.requires_grad))
         # Device memory is pickled as a host copy and moved back when unpickled.
-        from .kernels.registry import get
-        host = get("to_host", self.device.type)(self._data)
+        host = _kernel("to_host", self.device.type)(self._data)
         return (_rebuild_on_device, (host, self.dtype.name, self.requires_grad, str(self.device)))
 
 
 def _rebuild_on_device(array, dtype_name, requires_grad, device):
     """Unpickle a device tensor: rebuilt on the host, then copied to ``device``."""
-    from .utils.serialization import _rebuild_tensor
-    t = _rebuild_tensor(array, dtype_name, False).to(device)
+    t = rebuild_tensor(array, dtype_name, False).to(device)
     return t.requires_grad_(True) if requires_grad else t
+
+
+def rebuild_tensor(array, dtype_name, requires_grad):
+    """A tensor of pyflow dtype ``dtype_name`` over ``array`` (its storage
+    array: uint16 words for bfloat16).  Used by ``load`` and by unpickling."""
+    try:
+        dtype = _dt._by_name(dtype_name)
+    except KeyError:
+        raise TypeError(f"_rebuild_tensor: unknown dtype {dtype_name!r}; expected one of "
+                        f"{[d.name for d in _dt.ALL]}") from None
+    arr = np.asarray(array)
+    if arr.dtype != dtype.storage:
+        raise TypeError(f"_rebuild_tensor: a {dtype_name} tensor is stored as "
+                        f"{dtype.storage}, got an array of {arr.dtype}")
+    if not arr.flags.writeable or not arr.flags.c_contiguous:
+        arr = np.array(arr, copy=True)
+    t = Tensor._make(arr, dtype)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
 
 
 TENSOR_TYPES.add(Tensor)

@@ -27,16 +27,17 @@ A local tensor among the arguments of a global op is taken as replicated
 (masks, ``arange``) are.  A local tensor that requires grad is refused: its
 gradient would have no SBP.
 """
+from pyflow._hooks import HOOKS
 from pyflow.autograd import Context, Function
 from pyflow.tensor import Tensor
 
 from . import boxing as _boxing
 from .global_tensor import dual, label, local_alias
 from .sbp import broadcast
-from .signatures import elementwise_rule, register_rule, rule_for
+from .signatures import elementwise_rule, rule_for
 
-__all__ = ["apply_global", "forward_global", "backward_global", "GlobalContext", "dual",
-           "label", "GlobalElementwise"]
+__all__ = ["run_forward", "run_backward", "apply_global", "forward_global", "backward_global",
+           "GlobalContext", "dual", "label", "GlobalElementwise"]
 
 
 def _axis_sizes(placement):
@@ -117,7 +118,30 @@ def _choose(fn_class, args, tensors, sbps, sizes):
     return chosen
 
 
-# ---------------------------------------------------------------- the entry point
+# ---------------------------------------------------------------- the entry points
+def run_forward(fn_class, args, kwargs):
+    """``fn_class.forward`` once, not recorded by autograd: ``(out, ctx)``.  On
+    the pieces under a deduced signature when an argument is global
+    (``forward_global``, ctx a ``GlobalContext``), else plainly.  The graph's
+    tracer and executor run every op through this one function; eager
+    ``Function.apply`` makes the same test in its own loop over the arguments
+    (its hot path) and comes here through ``apply_global``."""
+    if not fn_class.handles_global:
+        for a in args:
+            if isinstance(a, Tensor) and a._placement is not None:
+                return forward_global(fn_class, args, kwargs)
+    ctx = Context()
+    return fn_class.forward(ctx, *args, **kwargs), ctx
+
+
+def run_backward(fn_class, ctx, grads):
+    """The backward matching ``run_forward``: on the pieces (``backward_global``)
+    for a global call, else ``fn_class.backward``."""
+    if isinstance(ctx, GlobalContext):
+        return backward_global(ctx, grads)
+    return fn_class.backward(ctx, *grads)
+
+
 def apply_global(fn_class, args, kwargs):
     """``fn_class.apply(*args, **kwargs)`` where some argument is a global tensor:
     one autograd node (``_GlobalOp``) around ``forward_global``."""
@@ -295,8 +319,10 @@ def box_gradient(g, like):
 class GlobalElementwise(Function):
     """A non-differentiable elementwise op that is not a Function (comparisons,
     ``isinf``...) called on global tensors: ``forward(ctx, fn, *args)`` runs
-    ``fn`` on the pieces under the elementwise signatures (``_tracing.recordable``
+    ``fn`` on the pieces under the elementwise signatures (``_hooks.recordable``
     with ``elementwise=True`` sends such calls here)."""
+
+    sbp_rule = elementwise_rule()
 
     @staticmethod
     def forward(ctx, fn, *args, **kwargs):
@@ -307,4 +333,6 @@ class GlobalElementwise(Function):
         return (None,) * (len(grads) + 1)
 
 
-register_rule(GlobalElementwise)(elementwise_rule())
+# The core's calls up to the SBP dispatch (pyflow/_hooks.py).
+HOOKS.provide(apply_global=apply_global, box_gradient=box_gradient,
+              global_elementwise=GlobalElementwise.apply)

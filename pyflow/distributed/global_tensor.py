@@ -3,13 +3,14 @@
 Design (the simplest honest one): a global tensor *is* a pyflow ``Tensor``
 whose data is this rank's piece, with ``_placement``, ``_sbp`` (a tuple, one
 SBP per placement dimension) and ``_logical_shape`` set on the object.  So
-every existing kernel runs on the piece unchanged; what the ops do not know
-yet is SBP, which means, until ops declare their SBP signatures:
+every existing kernel runs on the piece unchanged, and:
 
-* ``x.shape`` is the shape of this rank's piece; ``logical_shape(x)`` is the
-  global one (OneFlow's ``x.shape``);
-* an op on a global tensor (``x + 1``, ``x[0]``, ``x.detach()``) computes on
-  the piece and returns a *local* tensor.
+* ``x.shape`` (and ``size()``, ``ndim``, ``numel()``) is the logical, global
+  shape, as in OneFlow; ``x.to_local().shape`` is this rank's piece;
+* an op on a global tensor (``x + 1``, ``x[0]``, ``x @ w``) is a global op:
+  the SBP dispatch (``dispatch.py``) picks a signature from the op's
+  ``sbp_rule``, boxes the inputs, runs the op on the pieces and returns a
+  global tensor.
 
 API (OneFlow's): ``t.to_global(placement, sbp)``, ``t.to_local()``,
 ``t.placement``, ``t.sbp``, ``t.is_global``, ``randn_global(...)``.
@@ -440,15 +441,6 @@ for _name, _shown in (("numpy", "numpy"), ("tolist", "tolist"), ("item", "item")
                       ("__array__", "numpy")):
     tensor_method(_name)(_refuse(_shown, getattr(Tensor, _name)))
 del _name, _shown
-
-
-def replicated(t):
-    """``t`` boxed to broadcast on every placement axis (differentiable); ``t``
-    itself when it is local or already broadcast.  For ops that read whole
-    values outside their Functions (index parsing, batch statistics)."""
-    if t._placement is None or all(s == broadcast for s in t._sbp):
-        return t
-    return t.to_global(t._placement, [broadcast] * len(t._sbp))
 
 
 def distribute_like(t, like):

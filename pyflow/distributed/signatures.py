@@ -9,12 +9,18 @@ logical result with that output SBP.  ``matmul`` has, among others::
     (S(1), S(0)) -> P        the reduced dim split: every rank holds a partial sum
     (B,    B)    -> B        everything replicated: compute everywhere
 
+Each op declares its rule in its own class, beside its forward and backward
+(``class Matmul(Function): sbp_rule = matmul_rule``), as OneFlow keeps an op's
+SBP signature beside its shape inference.  This module holds the rule
+builders the ops use; it imports nothing above ``sbp.py``, so the ops (one
+layer below the rest of ``pyflow.distributed``) can import it.
+
 ``dispatch.py`` asks an op's rule for its candidates, picks the one whose
 input boxing moves the fewest bytes (``boxing.describe``), boxes the inputs,
 runs the op on the pieces and labels the outputs.  As in OneFlow, a rule
 describes one placement axis; on an N-D placement each axis picks its own.
 
-**Every op has a signature.**  An op without a rule of its own gets
+**Every op has a signature.**  An op without an ``sbp_rule`` gets
 ``(B, ..., B) -> B``: compute on the whole tensor on every rank.  That is
 always correct for a deterministic op (random ops draw from each rank's
 generator, equal when the ranks seed alike), only not the cheapest.  The
@@ -42,36 +48,38 @@ from .sbp import broadcast as B
 from .sbp import partial_sum as P
 from .sbp import split as S
 
-__all__ = ["Candidate", "rule_for", "register_rule", "broadcast_only"]
+__all__ = ["Candidate", "rule_for", "register_rule", "broadcast_only", "elementwise_rule",
+           "unary_linear_rule", "add_sub_rule", "mul_rule", "div_rule", "matmul_rule",
+           "linear_rule", "reduce_rule", "rows_rule", "softmax_rule", "layer_norm_rule",
+           "loss_rule", "embedding_rule", "view_rule", "permute_rule", "expand_rule",
+           "slice_rule", "split_rule", "cat_rule"]
 
 Candidate = namedtuple("Candidate", "ins outs scale localize", defaults=(None, None))
 Candidate.__doc__ = """One signature: input SBPs (tensor args in order), output SBPs, an
 optional factor applied to the outputs (``mean`` of a split dim: 1/n) and an optional
 ``localize(args, n_of_dim) -> args`` translating shape arguments to the piece."""
 
-_RULES = {}
+def rule_for(fn_class):
+    """The rule ``fn_class`` declares (``sbp_rule``, inherited from the nearest
+    base class that sets one), or ``broadcast_only``."""
+    return getattr(fn_class, "sbp_rule", None) or broadcast_only
 
 
 def register_rule(*fn_classes):
+    """``register_rule(Cls)(rule)``: set ``Cls.sbp_rule`` from outside the class
+    (for a Function defined elsewhere); an op's own rule is written in its class."""
     def deco(rule):
         for cls in fn_classes:
-            _RULES[cls] = rule
+            cls.sbp_rule = staticmethod(rule)
         return rule
     return deco
 
 
-def rule_for(fn_class):
-    """The rule of ``fn_class`` or of its nearest base class; ``broadcast_only``."""
-    for cls in fn_class.__mro__:
-        rule = _RULES.get(cls)
-        if rule is not None:
-            return rule
-    return broadcast_only
-
-
 def _tensors(args):
-    from pyflow.tensor import Tensor
-    return [a for a in args if isinstance(a, Tensor)]
+    # Tensors are what carry a ``_placement`` slot.  This module sits below
+    # pyflow.tensor (the ops import it to declare their rules), so it tells
+    # them apart by that attribute rather than by class.
+    return [a for a in args if hasattr(a, "_placement")]
 
 
 def broadcast_only(args, n_outputs=1):
@@ -116,33 +124,28 @@ def elementwise_rule(partial=()):
     return rule
 
 
-def _register_elementwise():
-    import importlib
-    do, ew, sh = (importlib.import_module(f"pyflow.ops.{m}")
-                  for m in ("dropout", "elementwise", "shape"))
-    unary_linear = elementwise_rule(partial=[(P,)])
-    register_rule(sh.Cast, sh.Clone)(unary_linear)
-    register_rule(ew._Unary, ew._Erf, ew.Clamp, ew.Where, ew.Pow, ew.Maximum, ew.Minimum,
-                  ew.Remainder, do.Dropout, do.MaskedScale)(elementwise_rule())
-    register_rule(*[c for c in ew._Unary.__subclasses__() if c.name == "neg"])(unary_linear)
+unary_linear_rule = elementwise_rule(partial=[(P,)])
+"""A unary op that is linear (cast, clone, neg): P stays P."""
 
-    def add_sub(args):
-        # P + P is P; P + (a number or a replicated tensor) is not (it adds it n times).
-        two = len(_tensors(args)) == 2
-        return elementwise_rule(partial=[(P, P)] if two else [])(args)
 
-    def mul(args):
-        two = len(_tensors(args)) == 2
-        return elementwise_rule(partial=[(P, B), (B, P)] if two else [(P,)])(args)
+def add_sub_rule(args):
+    """P + P is P; P + (a number or a replicated tensor) is not (it adds it n times)."""
+    two = len(_tensors(args)) == 2
+    return elementwise_rule(partial=[(P, P)] if two else [])(args)
 
-    def div(args):
-        ts = _tensors(args)
-        if len(ts) == 2:
-            return elementwise_rule(partial=[(P, B)])(args)
-        return elementwise_rule(partial=[(P,)] if isinstance(args[0], type(ts[0])) else [])(args)
-    register_rule(ew.Add, ew.Sub)(add_sub)
-    register_rule(ew.Mul)(mul)
-    register_rule(ew.Div)(div)
+
+def mul_rule(args):
+    """P * B and B * P are P; P * a number is P."""
+    two = len(_tensors(args)) == 2
+    return elementwise_rule(partial=[(P, B), (B, P)] if two else [(P,)])(args)
+
+
+def div_rule(args):
+    """P / B is P; P / a number is P; a number / P is not."""
+    ts = _tensors(args)
+    if len(ts) == 2:
+        return elementwise_rule(partial=[(P, B)])(args)
+    return elementwise_rule(partial=[(P,)] if args[0] is ts[0] else [])(args)
 
 
 # ---------------------------------------------------------------- matrix products
@@ -181,7 +184,7 @@ def linear_rule(args):
 
 
 # ---------------------------------------------------------------- reductions
-def _reduce_rule(linear, mean=False):
+def reduce_rule(linear, mean=False):
     def rule(args):
         x, dims, keepdim = args[0], tuple(args[1]), args[2]
         n = x.ndim
@@ -201,7 +204,7 @@ def _reduce_rule(linear, mean=False):
     return rule
 
 
-def _rows_rule(norm_dims):
+def rows_rule(norm_dims):
     """Ops normalizing over ``norm_dims(args)`` of their first input: splits on the
     other dims; extra tensor inputs (weights) replicated."""
     def rule(args):
@@ -216,33 +219,28 @@ def _rows_rule(norm_dims):
     return rule
 
 
-def _register_rows():
-    import importlib
-    loss, normalization, reduce, softmax = (
-        importlib.import_module(f"pyflow.ops.{m}")
-        for m in ("loss", "normalization", "reduce", "softmax"))
-    register_rule(reduce.Sum)(_reduce_rule(linear=True))
-    register_rule(reduce.Mean)(_reduce_rule(linear=True, mean=True))
-    register_rule(reduce._AExtreme)(_reduce_rule(linear=False))
-    def softmax_dims(a):      # a causal mask reads each row's position in dim -2 too
-        dim = a[1] % max(a[0].ndim, 1)
-        return (dim - 1, dim) if len(a) > 3 and a[3] else (dim,)
-    register_rule(softmax._SoftmaxBase)(_rows_rule(softmax_dims))
-    register_rule(normalization.LayerNorm)(
-        _rows_rule(lambda a: tuple(range(a[0].ndim - len(a[3]), a[0].ndim))))
+def _softmax_dims(a):
+    dim = a[1] % max(a[0].ndim, 1)      # a causal mask reads each row's position in dim -2 too
+    return (dim - 1, dim) if len(a) > 3 and a[3] else (dim,)
 
-    def loss_rule(args):    # target (N, ...) follows the logits' split; class weights B
-        x = args[0]
-        c = []
-        for d in range(x.ndim):
-            if d == 1 and x.ndim > 1 or x.ndim == 1:
-                continue
-            td = d if d == 0 else d - 1
-            ins = (S(d), S(td)) + ((B,) if args[2] is not None else ())
-            c.append(Candidate(ins, (S(td),)))
-        c.append(Candidate((B,) * len(_tensors(args)), (B,)))
-        return c
-    register_rule(loss.CrossEntropy, loss.NLLLoss)(loss_rule)
+
+softmax_rule = rows_rule(_softmax_dims)
+layer_norm_rule = rows_rule(lambda a: tuple(range(a[0].ndim - len(a[3]), a[0].ndim)))
+
+
+def loss_rule(args):
+    """cross_entropy / nll_loss: the target (N, ...) follows the logits' split; class
+    weights replicated."""
+    x = args[0]
+    c = []
+    for d in range(x.ndim):
+        if d == 1 and x.ndim > 1 or x.ndim == 1:
+            continue
+        td = d if d == 0 else d - 1
+        ins = (S(d), S(td)) + ((B,) if args[2] is not None else ())
+        c.append(Candidate(ins, (S(td),)))
+    c.append(Candidate((B,) * len(_tensors(args)), (B,)))
+    return c
 
 
 def embedding_rule(args):
@@ -339,29 +337,3 @@ def cat_rule(args):
     nd = ts[0].ndim
     c = [Candidate((S(k),) * len(ts), (S(k),)) for k in range(nd) if k != d]
     return c + [Candidate((P,) * len(ts), (P,)), Candidate((B,) * len(ts), (B,))]
-
-
-def _register_views():
-    import importlib
-    join, linalg, shape, emb = (importlib.import_module(f"pyflow.ops.{m}")
-                                for m in ("join", "linalg", "shape", "embedding"))
-    register_rule(shape.View)(view_rule)
-    register_rule(shape.Permute)(permute_rule)
-    register_rule(shape.Expand)(expand_rule)
-    register_rule(shape.SliceView)(slice_rule)
-    register_rule(shape.Split)(split_rule)
-    register_rule(join.Cat)(cat_rule)
-    register_rule(linalg.Matmul)(matmul_rule)
-    register_rule(linalg.Linear)(linear_rule)
-    register_rule(emb.Embedding)(embedding_rule)
-    # the graph passes' fused ops: a fused elementwise chain is elementwise (not
-    # linear in general: no P), add-to-output is an add
-    fusion = importlib.import_module("pyflow.graph.passes.fusion")
-    add_to_output = importlib.import_module("pyflow.graph.passes.add_to_output")
-    register_rule(fusion.FusedElementwise)(elementwise_rule())
-    register_rule(add_to_output.AddToOutput)(elementwise_rule(partial=[(P, P)]))
-
-
-_register_elementwise()
-_register_rows()
-_register_views()

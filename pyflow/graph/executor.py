@@ -18,8 +18,8 @@ import sys
 import numpy as np
 
 from .. import autograd
-from ..autograd import Context, set_grad_enabled
-from ..distributed.dispatch import GlobalContext, backward_global, box_gradient, forward_global
+from ..autograd import set_grad_enabled
+from ..distributed.dispatch import box_gradient, run_backward, run_forward
 from ..kernels import registry
 from ..ops.shape import basic_view
 from ..tensor import Tensor
@@ -77,12 +77,8 @@ class Step:
                 return (out,)
         if kind == "call":
             args = self._fill_call(values)
-            ctx = Context()
             with set_grad_enabled(False):
-                if _any_global(args[0]) and not node.target.handles_global:
-                    out, ctx = forward_global(node.target, args[0], args[1])
-                else:
-                    out = node.target.forward(ctx, *args[0], **args[1])
+                out, ctx = run_forward(node.target, args[0], args[1])
             outs = out if type(out) is tuple else (out,)
             return outs + (ctx,) if self.emits_ctx else outs
         if kind == "fn":
@@ -215,10 +211,7 @@ class Step:
                      for g, (s, d, dev) in zip(grads, self.out_meta)]
         ctx.needs_input_grad = node.attrs["needs_input_grad"]
         with set_grad_enabled(False):
-            if isinstance(ctx, GlobalContext):
-                res = backward_global(ctx, grads)
-            else:
-                res = node.target.backward(ctx, *grads)
+            res = run_backward(node.target, ctx, grads)
         if not isinstance(res, tuple):
             res = (res,)
         out = []

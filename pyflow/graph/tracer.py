@@ -27,7 +27,7 @@ arguments are written back into the caller's tensors after every run
 leave the graph silently stale, so it is an error: every tensor's version
 counter is checked when the tensor is read and at the end of the trace.
 
-Tracing is per thread (``pyflow._tracing``): the hooks on ``Function.apply``,
+Tracing is per thread (``pyflow._hooks``): the hooks on ``Function.apply``,
 ``Tensor`` and ``Generator`` are installed while any thread traces, but they
 record only for the thread whose trace is active; in every other thread they
 call the original methods.
@@ -39,8 +39,10 @@ import threading
 
 import numpy as np
 
-from .. import _tracing
-from ..autograd import Context, Function, set_grad_enabled, is_grad_enabled
+from .. import _hooks
+from ..optim.optimizer import Optimizer
+from ..autograd import Function, set_grad_enabled, is_grad_enabled
+from ..distributed.dispatch import GlobalContext, run_forward
 from ..random import Generator
 from ..tensor import Tensor
 from .ir import Graph, Node, Value, iter_instances, rebuild_tuple
@@ -48,8 +50,7 @@ from .ir import Graph, Node, Value, iter_instances, rebuild_tuple
 __all__ = ["TracingError", "Tracer", "trace"]
 
 
-class TracingError(RuntimeError):
-    """build() did something a static graph cannot capture."""
+TracingError = _hooks.TracingError   # build() did something a static graph cannot capture
 
 
 class _TracedGrad:
@@ -196,21 +197,16 @@ class Tracer:
                 f"read from a tensor, say): the graph would bake its values in.  In build(), "
                 f"use ops that take the tensor (pyflow.where, masked_fill, gather, "
                 f"index_select); an op's author marks the public op that calls it with "
-                f"@pyflow._tracing.recordable(differentiable=True)")
+                f"@pyflow._hooks.recordable(differentiable=True)")
         for t in _tensors((args, kwargs)):
             self.value_of(t)        # refuses stale inputs before the forward runs
         grad_enabled = is_grad_enabled()
-        ctx = Context()
         self.depth += 1
         try:
             with set_grad_enabled(False):
-                if _any_global(args) and not cls.handles_global:
-                    # global tensors: one node all the same; the step deduces the SBP
-                    # signature and boxes its inputs each run (executor.Step)
-                    from ..distributed.dispatch import forward_global
-                    out, ctx = forward_global(cls, args, kwargs)
-                else:
-                    out = cls.forward(ctx, *args, **kwargs)
+                # global tensors: one node all the same; the step deduces the SBP
+                # signature and boxes its inputs each run (executor.Step)
+                out, ctx = run_forward(cls, args, kwargs)
         finally:
             self.depth -= 1
         outs = out if type(out) is tuple else (out,)
@@ -218,7 +214,7 @@ class Tracer:
                         if any(o is n for n in ctx.non_differentiable))
         attrs = dict(grad_enabled=grad_enabled, non_differentiable=nondiff,
                      tuple_output=type(out) is tuple)
-        if ctx.__class__.__name__ == "GlobalContext":   # what explain shows of the SBP
+        if isinstance(ctx, GlobalContext):      # what explain shows of the SBP
             attrs["sbp"] = (ctx.placement, [o._sbp for o in outs], ctx.boxings)
         node = self._add("call", cls, args, kwargs, outs, attrs)
         self._mark_requires_grad(node, [a for a in args if isinstance(a, Tensor)], outs)
@@ -333,7 +329,7 @@ class Tracer:
 
 # ------------------------------------------------------------------ the hooks
 # Installed on the classes while at least one thread traces (``_install``), and
-# removed when the last trace ends.  Each one asks ``_tracing.active()`` for the
+# removed when the last trace ends.  Each one asks ``_hooks.active()`` for the
 # calling thread's tracer and, without one, calls the original: a thread that
 # is not tracing sees eager mode unchanged.
 
@@ -346,7 +342,7 @@ _READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__inde
 
 
 def _apply(cls, *args, **kwargs):
-    tracer = _tracing.active()
+    tracer = _hooks.active()
     if tracer is None or tracer.depth:
         return _ORIGINAL["apply"](cls, *args, **kwargs)
     return tracer.record_function(cls, args, kwargs)
@@ -355,19 +351,19 @@ def _apply(cls, *args, **kwargs):
 def _make(cls, data, dtype, device=None, requires_grad=False, base=None):
     t = _ORIGINAL["_make"](cls, data, dtype, *(() if device is None else (device,)),
                            requires_grad=requires_grad, base=base)
-    tracer = _tracing.active()
+    tracer = _hooks.active()
     if tracer is not None and not tracer.depth:
         if base is not None and data is base._data:      # an identity view: same value
             tracer.alias(t, base)
         else:
             raise TracingError(
                 "a tensor was made outside any recorded op during the trace (an op that is "
-                "neither an autograd Function nor marked pyflow._tracing.recordable)")
+                "neither an autograd Function nor marked pyflow._hooks.recordable)")
     return t
 
 
 def _backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-    tracer = _tracing.active()
+    tracer = _hooks.active()
     if tracer is None or tracer.depth:
         return _ORIGINAL["backward"](self, gradient, retain_graph, create_graph, inputs)
     if create_graph or inputs is not None:
@@ -377,14 +373,14 @@ def _backward(self, gradient=None, retain_graph=None, create_graph=False, inputs
 
 
 def _detach(self):
-    tracer = _tracing.active()
+    tracer = _hooks.active()
     if tracer is None or tracer.depth:
         return _ORIGINAL["detach"](self)
     return tracer.record_fn(_ORIGINAL["detach"], (self,), {}, False, False)
 
 
 def _draw_seed(self):
-    tracer = _tracing.active()
+    tracer = _hooks.active()
     if tracer is None:
         return _ORIGINAL["draw_seed"](self)
     seed = _ORIGINAL["draw_seed"](tracer.private_generator(self))
@@ -392,13 +388,13 @@ def _draw_seed(self):
 
 
 def _generator_numpy(self):
-    tracer = _tracing.active()
+    tracer = _hooks.active()
     return _ORIGINAL["numpy_rng"](self if tracer is None else tracer.private_generator(self))
 
 
 def _refuse(what):
     def method(self, *args, **kwargs):
-        tracer = _tracing.active()
+        tracer = _hooks.active()
         if tracer is not None and not tracer.depth:
             raise TracingError(
                 f"build() reads tensor values ({what}); a traced graph cannot depend on data. "
@@ -411,7 +407,7 @@ def _refuse(what):
 
 def _refused_step(original):
     def step(self, *args, **kwargs):
-        if _tracing.active() is not None:
+        if _hooks.active() is not None:
             raise TracingError("optimizer.step() inside build(): register the optimizer with "
                                "graph.add_optimizer(optimizer) and the graph runs its update "
                                "after the backward pass")
@@ -460,11 +456,11 @@ def _uninstall():
 @contextlib.contextmanager
 def _tracing_in_this_thread(tracer):
     _install()
-    _tracing.set_active(tracer)
+    _hooks.set_active(tracer)
     try:
         yield
     finally:
-        _tracing.set_active(None)
+        _hooks.set_active(None)
         _uninstall()
 
 
@@ -496,7 +492,6 @@ def _tensors(obj):
 
 
 def _optimizer_classes():
-    from ..optim.optimizer import Optimizer
     todo, found = [Optimizer], []
     while todo:
         cls = todo.pop()
@@ -524,7 +519,7 @@ def _argument_labels(build, inputs):
 def trace(build, inputs, state_names=None):
     """Run ``build(*inputs)`` once and return its ``Graph``.  Tensor arguments
     become the graph's inputs; other arguments are baked in as constants."""
-    if _tracing.active() is not None:
+    if _hooks.active() is not None:
         raise TracingError("a graph is already being traced in this thread (a graph called "
                            "inside build(), or build() calling its own graph)")
     tracer = Tracer(state_names, _argument_labels(build, inputs))

@@ -1,11 +1,15 @@
 """Helpers every op module shares: argument checks, dtype handling, dispatch."""
+import functools
 import numbers
+import os
 
 import numpy as np
 
 from .. import dtypes as _dt
 from ..device import CPU
+from ..distributed.sbp import broadcast
 from ..kernels import registry
+from ..kernels.cpu.cast import float32_to_bfloat16
 from ..tensor import Tensor
 
 kernel = registry.get
@@ -17,7 +21,6 @@ def wrap(arr, dtype, device=CPU):
         if device.type != "cpu":
             arr = kernel("cast", device.type)(arr, _dt.from_numpy(arr.dtype), dtype)
         elif dtype is _dt.bfloat16:
-            from ..kernels.cpu.cast import float32_to_bfloat16
             arr = float32_to_bfloat16(arr)
         else:
             arr = arr.astype(dtype.storage)
@@ -131,7 +134,6 @@ _memory = []
 def _machine_memory():
     """Bytes of physical memory (None where the OS does not say)."""
     if not _memory:
-        import os
         try:
             _memory.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
         except (AttributeError, ValueError, OSError):
@@ -188,14 +190,15 @@ def broadcast_shapes(*shapes, op="broadcast"):
 
 
 def unbroadcast(g, shape):
-    """Sum ``g`` down to ``shape``: the backward of broadcasting."""
+    """Sum ``g`` down to ``shape``: the backward of broadcasting.  Written with
+    Tensor methods (``sum``, ``reshape``), as backward formulas are: it runs
+    after every op family is loaded, and this module sits below all of them."""
     if tuple(g.shape) == tuple(shape):
         return g
-    from . import reduce
     lead = g.ndim - len(shape)
     dims = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape)
                                       if n == 1 and g.shape[i + lead] != 1)
-    r = reduce.sum(g, dims, keepdim=True) if dims else g
+    r = g.sum(dims, keepdim=True) if dims else g
     return r.reshape(shape) if tuple(r.shape) != tuple(shape) else r
 
 
@@ -227,3 +230,37 @@ def shape_arg(args, op):
         if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
             raise TypeError(f"{op}(): size must be a sequence of ints, got {args!r}")
     return tuple(int(a) for a in args)
+
+
+# ------------------------------------------------------------------ global tensors
+def has_global(key):
+    """True when ``key`` (an index key, a tensor or a tuple) holds a global tensor."""
+    keys = key if isinstance(key, tuple) else (key,)
+    return any(isinstance(k, Tensor) and k._placement is not None for k in keys)
+
+
+def replicated(t):
+    """``t`` boxed to broadcast on every placement axis (differentiable: the
+    boxing is an op); ``t`` itself when it is local or already broadcast."""
+    if t._placement is None or all(s == broadcast for s in t._sbp):
+        return t
+    return t.to_global(t._placement, [broadcast] * len(t._sbp))
+
+
+def whole_globals(fn):
+    """Run ``fn`` with its global tensor arguments (index tuples included) boxed
+    to broadcast.  For ops that read index values and ``._data`` shapes outside
+    their Functions (parsing a key, checking bounds, building index arrays, batch
+    statistics), where a split or partial-sum argument would be read as its
+    rank's piece; their Functions have the all-broadcast signature anyway."""
+    def whole(a):
+        if isinstance(a, Tensor) and a._placement is not None:
+            return replicated(a)
+        if isinstance(a, (tuple, list)):
+            return type(a)(whole(x) for x in a)
+        return a
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*[whole(a) for a in args], **{k: whole(v) for k, v in kwargs.items()})
+    return wrapper

@@ -19,9 +19,13 @@ import math
 
 import numpy as np
 
-from .._tracing import recordable
+from .._hooks import recordable
 from .. import dtypes as _dt
 from ._util import array_module, broadcast_shapes, check_same_device, check_tensor, wrap
+from .dropout import dropout
+from .linalg import matmul
+from .softmax import Softmax
+from .elementwise import where
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -86,9 +90,6 @@ def _kept_rows(mask, dtype):
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
     """Attention of query (..., L, E) over key (..., S, E) and value (..., S, Ev)."""
-    from .dropout import dropout
-    from .linalg import matmul
-    from .softmax import Softmax
     _validate(query, key, value, attn_mask, dropout_p, is_causal)
     if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
         hq, hk = query.shape[-3], key.shape[-3]
@@ -106,7 +107,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         scores = matmul(query, key.transpose(-2, -1))
         attn = Softmax.apply(scores, scores.ndim - 1, scale, bool(is_causal))
     else:
-        from .elementwise import where
         scores = matmul(query * scale, key.transpose(-2, -1))
         kept = _kept_rows(attn_mask, scores.dtype)
         bias = _mask_bias(attn_mask, scores.dtype) if attn_mask.dtype is _dt.bool else \

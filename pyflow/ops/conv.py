@@ -25,7 +25,7 @@ from collections import namedtuple
 import numpy as np
 
 from .. import dtypes as _dt
-from .._tracing import recordable
+from .._hooks import recordable
 from ..autograd import Function, is_grad_enabled
 from ..tensor import Tensor
 from ._util import check_tensor, compute_array, kernel, wrap

@@ -4,12 +4,14 @@ import numbers
 
 import numpy as np
 
-from .._tracing import recordable
+from .._hooks import recordable
 from .. import dtypes as _dt
 from ..device import as_device, check_available, get_default_device, placed
 from ..random import fill as random_fill, generator_of
 from ..tensor import Tensor
 from ._util import check_array_fits, check_scalar_fits, kernel, shape_arg, wrap
+from ..distributed.sbp import broadcast, partial_sum
+from ..kernels.cpu.cast import float32_to_bfloat16
 
 __all__ = ["tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange",
            "linspace", "eye", "rand", "randn", "randint", "randperm", "zeros_like", "ones_like",
@@ -165,7 +167,6 @@ def _global_like(t, out, constant=True):
     constant is replicated, not a partial sum (whose pieces would add up)."""
     if t._placement is None:
         return out
-    from ..distributed.sbp import broadcast, partial_sum
     sbp = tuple(broadcast if s == partial_sum and constant else s for s in t._sbp)
     out._placement, out._sbp, out._logical_shape = t._placement, sbp, t._logical_shape
     return out
@@ -236,7 +237,6 @@ def _store_as(dtype):
     storage, rounding through float32 for the half types as their compute dtype
     does (so the numbers equal ``draws.astype(compute)`` stored)."""
     if dtype is _dt.bfloat16:
-        from ..kernels.cpu.cast import float32_to_bfloat16
         return lambda piece: float32_to_bfloat16(piece.astype(np.float32))
     if dtype is _dt.float16:
         return lambda piece: piece.astype(np.float32)

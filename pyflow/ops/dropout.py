@@ -18,12 +18,15 @@ import numbers
 from ..autograd import Function
 from ..random import generator_of
 from ._util import check_tensor, compute_array, kernel, wrap
+from .inplace import _inplace
+from ..distributed.signatures import elementwise_rule
 
 __all__ = ["dropout"]
 
 
 class MaskedScale(Function):
     """x * keep * scale with a mask the caller already has (dropout's backward)."""
+    sbp_rule = elementwise_rule()
 
     @staticmethod
     def forward(ctx, x, keep, scale):
@@ -37,6 +40,7 @@ class MaskedScale(Function):
 
 
 class Dropout(Function):
+    sbp_rule = elementwise_rule()
     @staticmethod
     def forward(ctx, x, p, seed):
         out, keep = kernel("dropout_philox", x.device.type)(compute_array(x, x.dtype), p, seed)
@@ -64,6 +68,5 @@ def dropout(input, p=0.5, training=True, inplace=False, generator=None):
     p = float(p)
     seed = gen.draw_seed()   # advances the generator
     if inplace:
-        from .elementwise import _inplace
         return _inplace(input, lambda s: Dropout.apply(s, p, seed))
     return Dropout.apply(input, p, seed)

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .. import _tracing
+from .. import _hooks
 from .. import dtypes as _dt
 from ..autograd import Function, is_grad_enabled
 from ..kernels import scalar as _scalar
@@ -19,6 +19,11 @@ from ._method import tensor_method
 from ..tensor import TENSOR_TYPES as _TENSOR_TYPES
 from ._util import (array_module, broadcast_shapes, check_scalar_fits, compute_array, kernel,
                     scalar_of, unbroadcast, wrap)
+from .creation import zeros_like
+from .index import nonzero
+from .inplace import _inplace
+from ..distributed.signatures import (add_sub_rule, div_rule, elementwise_rule, mul_rule,
+                                      unary_linear_rule)
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "exp", "log", "sqrt", "rsqrt",
            "abs", "sign", "sin", "cos", "tanh", "sigmoid", "relu", "gelu", "silu", "reciprocal",
@@ -209,6 +214,7 @@ def _needs(ctx, i):
 
 # ------------------------------------------------------------------ binary arithmetic
 class Add(Function):
+    sbp_rule = add_sub_rule
     @staticmethod
     def forward(ctx, a, b):
         ctx.inputs = (a, b)
@@ -222,6 +228,7 @@ class Add(Function):
 
 
 class Sub(Function):
+    sbp_rule = add_sub_rule
     @staticmethod
     def forward(ctx, a, b):
         ctx.inputs = (a, b)
@@ -235,6 +242,7 @@ class Sub(Function):
 
 
 class Mul(Function):
+    sbp_rule = mul_rule
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(*(x if isinstance(x, Tensor) else None for x in (a, b)))
@@ -249,6 +257,7 @@ class Mul(Function):
 
 
 class Div(Function):
+    sbp_rule = div_rule
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(*(x if isinstance(x, Tensor) else None for x in (a, b)))
@@ -264,6 +273,7 @@ class Div(Function):
 
 
 class Pow(Function):
+    sbp_rule = elementwise_rule()
     @staticmethod
     def forward(ctx, a, b):
         if _category(b) == 1 and not isinstance(b, Tensor) and b < 0 and \
@@ -323,14 +333,17 @@ class _MaxMin(Function):
 
 
 class Maximum(_MaxMin):
+    sbp_rule = elementwise_rule()
     name = "maximum"
 
 
 class Minimum(_MaxMin):
+    sbp_rule = elementwise_rule()
     name = "minimum"
 
 
 class Remainder(Function):
+    sbp_rule = elementwise_rule()
     @staticmethod
     def forward(ctx, a, b):
         _check_integer_divisor("remainder", a, b)
@@ -419,14 +432,14 @@ def minimum(input, other):
 
 
 @tensor_method("floor_divide", "__floordiv__")
-@_tracing.recordable
+@_hooks.recordable
 def floor_divide(input, other):
     _check_integer_divisor("floor_divide", input, other)
     return _elementwise("floor_divide", input, other)
 
 
 @tensor_method("__rfloordiv__")
-@_tracing.recordable
+@_hooks.recordable
 def _rfloordiv(self, other):
     _check_integer_divisor("floor_divide", other, self)
     return _elementwise("floor_divide", other, self)
@@ -453,7 +466,7 @@ def _make_compare(name):
         return _elementwise(name, input, other)
     op.__name__ = name
     op.__doc__ = f"Elementwise ``{name}``; returns a bool tensor (not differentiable)."
-    return _tracing.recordable(op, elementwise=True)
+    return _hooks.recordable(op, elementwise=True)
 
 
 eq, ne, lt, le, gt, ge = (_make_compare(n) for n in ("eq", "ne", "lt", "le", "gt", "ge"))
@@ -481,21 +494,21 @@ tensor_method("__xor__", "__rxor__")(_bitwise("^", logical_xor))
 
 
 @tensor_method("logical_not", "__invert__")
-@_tracing.recordable(elementwise=True)
+@_hooks.recordable(elementwise=True)
 def logical_not(input):
     _check_is_tensor(input, "logical_not")
     return _elementwise("logical_not", input)
 
 
 @tensor_method()
-@_tracing.recordable
+@_hooks.recordable
 def equal(input, other):
     """True when both tensors have the same shape and elements."""
     return tuple(input.shape) == tuple(other.shape) and bool(eq(input, other)._data.all())
 
 
 @tensor_method()
-@_tracing.recordable(elementwise=True)
+@_hooks.recordable(elementwise=True)
 def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     a, b = input._compute(), other._compute()
     xp = array_module(a)          # numpy, or the device's (np.asarray would not work on CuPy)
@@ -503,7 +516,7 @@ def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
 
 
 @tensor_method()
-@_tracing.recordable
+@_hooks.recordable
 def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     return bool(isclose(input, other, rtol, atol, equal_nan)._data.all())
 
@@ -515,14 +528,14 @@ def isnan(input):
 
 
 @tensor_method()
-@_tracing.recordable(elementwise=True)
+@_hooks.recordable(elementwise=True)
 def isinf(input):
     _check_is_tensor(input, "isinf")
     return wrap(np.isinf(input._compute()), _dt.bool, input.device)
 
 
 @tensor_method()
-@_tracing.recordable(elementwise=True)
+@_hooks.recordable(elementwise=True)
 def isfinite(input):
     _check_is_tensor(input, "isfinite")
     return wrap(np.isfinite(input._compute()), _dt.bool, input.device)
@@ -531,6 +544,7 @@ def isfinite(input):
 # ------------------------------------------------------------------ unary math
 class _Unary(Function):
     """forward = kernel ``name``; backward given by ``grad(g, x, out)``."""
+    sbp_rule = elementwise_rule()
     name = None
     save = "x"
 
@@ -549,6 +563,8 @@ class _Unary(Function):
 def _unary(name, save, grad_fn, doc):
     cls = type(name.capitalize(), (_Unary,), {"name": name, "save": save,
                                                "grad": staticmethod(grad_fn)})
+    if name == "neg":                   # linear: a partial sum stays one
+        cls.sbp_rule = unary_linear_rule
 
     public = "gelu" if name == "gelu_tanh" else name
     floats_only = name in ("gelu", "gelu_tanh", "silu")     # PyTorch has no integer kernels
@@ -567,7 +583,6 @@ def _unary(name, save, grad_fn, doc):
 
 def _zero_grad(g):
     """A zero gradient shaped like ``g`` (not ``g * 0``: an infinite ``g`` would give NaN)."""
-    from .creation import zeros_like
     return zeros_like(g)
 
 
@@ -618,9 +633,9 @@ _gelu_tanh = _unary("gelu_tanh", "x", _fused_or("gelu_tanh_backward", _gelu_tanh
 
 class _Erf(Function):
     """erf, only needed inside GELU's differentiable backward."""
+    sbp_rule = elementwise_rule()
     @staticmethod
     def forward(ctx, x):
-        import math
         ctx.save_for_backward(x)
         v = np.vectorize(math.erf, otypes=[x.dtype.compute])(x._compute())
         return wrap(v, x.dtype, x.device)
@@ -669,6 +684,7 @@ def _pos(self):
 
 # ------------------------------------------------------------------ ternary
 class Where(Function):
+    sbp_rule = elementwise_rule()
     @staticmethod
     def forward(ctx, cond, a, b):
         ctx.cond = cond
@@ -687,7 +703,6 @@ class Where(Function):
 @tensor_method("where")
 def where(condition, input=None, other=None):
     if input is None and other is None:
-        from .index import nonzero
         return tuple(nonzero(condition).t())
     if not isinstance(condition, Tensor) or condition.dtype is not _dt.bool:
         raise TypeError(f"where(): condition must be a bool Tensor, got "
@@ -723,6 +738,7 @@ def masked_fill(input, mask, value):
 
 
 class Clamp(Function):
+    sbp_rule = elementwise_rule()
     @staticmethod
     def forward(ctx, x, lo, hi):
         ctx.save_for_backward(x)
@@ -757,51 +773,6 @@ clip = clamp
 
 
 # ------------------------------------------------------------------ in-place forms
-def _can_cast(src, dst):
-    return src.category <= dst.category
-
-
-def _inplace(self, op, *others):
-    """``self = op(self, *others)`` writing into self's storage.
-
-    When autograd is recording, the out-of-place op is recorded on a copy of the
-    old value and ``self`` takes over the result's place in the graph, so earlier
-    nodes that saved ``self`` see its version change and refuse to run.
-    """
-    if not isinstance(self, Tensor):
-        raise TypeError("in-place op: self must be a Tensor")
-    record = is_grad_enabled() and (self.requires_grad or any(
-        isinstance(o, Tensor) and o.requires_grad for o in others))
-    if record:
-        if self.grad_fn is None and self.requires_grad:
-            raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
-                               "operation (use `with pyflow.no_grad():` or an out-of-place op).")
-        if self._base is not None and (self._base.requires_grad or self.requires_grad):
-            raise RuntimeError("in-place operation on a view of a tensor that requires grad is not "
-                               "supported by pyflow autograd; use an out-of-place op instead")
-        from .shape import clone
-        res = op(clone(self), *others)
-    else:
-        res = op(self, *others)
-    if not _can_cast(res.dtype, self.dtype):
-        raise RuntimeError(f"result type {res.dtype.name} can't be cast to the desired output "
-                           f"type {self.dtype.name} of the in-place op")
-    if tuple(res.shape) != tuple(self.shape):
-        raise RuntimeError(f"output with shape {tuple(self.shape)} doesn't match the broadcast "
-                           f"shape {tuple(res.shape)} of the in-place op")
-    if self._placement is not None and (res._placement != self._placement
-                                        or res._sbp != self._sbp):
-        # a global self keeps its layout: its piece of the result is what it stores
-        res = res.to_global(self._placement, self._sbp)
-    if _tracing.note_inplace(self, res):      # a graph trace records the write instead
-        return self
-    self._data[...] = res._data if res.dtype is self.dtype else res.to(self.dtype)._data
-    self._version[0] += 1
-    if record:
-        self.grad_fn, self._out_idx, self.requires_grad = res.grad_fn, res._out_idx, True
-    return self
-
-
 def _inplace_method(name, op):
     def method(self, *others, **kwargs):
         if kwargs:

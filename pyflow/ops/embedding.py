@@ -7,12 +7,13 @@ gather, so double backward works.
 """
 import numpy as np
 
-from .._tracing import recordable
+from .._hooks import recordable
 from ..autograd import Function, no_grad
 from ..tensor import Tensor
 from ._util import (array_module, check_allocation, check_same_device, check_tensor,
                     compute_array, kernel, stored_elements, wrap)
 from .index import IndexOutOfBoundsError
+from ..distributed.signatures import embedding_rule
 
 __all__ = ["embedding"]
 
@@ -24,6 +25,7 @@ class IndicesDtypeError(TypeError, RuntimeError):
 
 
 class Embedding(Function):
+    sbp_rule = embedding_rule
     @staticmethod
     def forward(ctx, weight, idx, padding_idx, scale_grad_by_freq):
         if isinstance(idx, Tensor):     # a global op passes the indices' piece as a Tensor

@@ -1,23 +1,28 @@
-"""Joining and layout ops: cat, stack, hstack, vstack, tril, triu, one_hot,
-pad, repeat, tile, flip, roll.
+"""Joining, splitting and layout ops: cat, stack, hstack, vstack, split, chunk,
+unbind, tril, triu, one_hot, pad, repeat, tile, flip, roll.
 
-Each is a copy whose backward is the inverse data movement: cat -> slices of
-the gradient, repeat -> sum of the tiles, flip / roll -> flip / roll back,
+Each is a copy (or, for split, views) whose backward is the inverse data
+movement: cat -> slices of the gradient, split -> one cat of the gradients, repeat -> sum of the tiles, flip / roll -> flip / roll back,
 constant pad -> crop (a pad with negated widths), reflect / replicate /
 circular pad -> index_select along each padded dim (whose backward
 scatter-adds, so the reflected border gets both contributions).
 """
 import numpy as np
 
-from .. import _tracing
+from .. import _hooks
 from .. import dtypes as _dt
 from ..autograd import Function
 from ..tensor import Tensor
 from ._method import tensor_method
-from ._util import check_tensor, kernel, shape_arg
+from ._util import check_tensor, kernel, normalize_dims, shape_arg
+from .creation import full, tensor, zeros
+from .index import index_select
+from .reduce import sum as sum_
+from .shape import _at_least_1d, _tensor_op, basic_view, narrow, reshape, select, unsqueeze
+from ..distributed.signatures import cat_rule, split_rule
 
 __all__ = ["cat", "concat", "concatenate", "stack", "hstack", "vstack", "tril", "triu",
-           "one_hot", "pad", "repeat", "tile", "flip", "roll"]
+           "one_hot", "pad", "repeat", "tile", "flip", "roll", "split", "chunk", "unbind"]
 
 
 def _as_dtype(t, dtype):
@@ -33,6 +38,7 @@ def _storage_of(t, dtype):
 
 # ------------------------------------------------------------------ cat / stack
 class Cat(Function):
+    sbp_rule = cat_rule
     @staticmethod
     def forward(ctx, d, dtype, *tensors):
         ctx.d = d
@@ -43,11 +49,9 @@ class Cat(Function):
 
     @staticmethod
     def backward(ctx, g):
-        from .shape import narrow
         grads, start = [], 0
         for size, dtype in ctx.meta:
             if size is None:   # a skipped legacy empty tensor
-                from .creation import zeros
                 grads.append(zeros(0, dtype=dtype, device=g.device))
                 continue
             grads.append(_as_dtype(narrow(g, ctx.d, start, size), dtype))
@@ -108,7 +112,6 @@ concat = concatenate = cat
 
 def stack(tensors, dim=0):
     """Join along a new dim; all tensors must have the same shape."""
-    from .shape import unsqueeze
     tensors = _tensor_list(tensors, "stack")
     shape = tuple(tensors[0].shape)
     d = tensors[0]._wrap_dim(dim, len(shape) + 1)   # the dim first, as PyTorch checks
@@ -120,13 +123,11 @@ def stack(tensors, dim=0):
 
 
 def hstack(tensors):
-    from .shape import reshape
     tensors = [reshape(t, (1,)) if t.ndim == 0 else t for t in _tensor_list(tensors, "hstack")]
     return cat(tensors, 0 if all(t.ndim == 1 for t in tensors) else 1)
 
 
 def vstack(tensors):
-    from .shape import reshape
     tensors = [reshape(t, (1, -1)) if t.ndim < 2 else t for t in _tensor_list(tensors, "vstack")]
     return cat(tensors, 0)
 
@@ -179,11 +180,11 @@ def triu(input, diagonal=0):
 def one_hot(tensor, num_classes=-1):
     """int64 tensor of shape ``tensor.shape + (num_classes,)`` (F.one_hot)."""
     if num_classes == -1:
-        _tracing.refuse_data_dependent_shape("one_hot(num_classes=-1)")
+        _hooks.refuse_data_dependent_shape("one_hot(num_classes=-1)")
     return _one_hot(tensor, num_classes)
 
 
-@_tracing.recordable
+@_hooks.recordable
 def _one_hot(tensor, num_classes):
     check_tensor(tensor, "tensor", "one_hot")
     if tensor.dtype is not _dt.int64:
@@ -221,7 +222,6 @@ class PadConstant(Function):
             out_shape.append(n + lo + hi)
             src.append(slice(max(-lo, 0), n - max(-hi, 0)))
             dst.append(slice(max(lo, 0), max(lo, 0) + max(n - max(-lo, 0) - max(-hi, 0), 0)))
-        from .creation import full
         fill = full((), value, dtype=x.dtype, device=x.device)._data
         out = kernel("pad_constant", x.device.type)(x._data, tuple(out_shape), tuple(src),
                                                     tuple(dst), fill)
@@ -272,8 +272,6 @@ def pad(input, pad, mode="constant", value=None):
                                   f"'circular', got {mode!r}")
     if value not in (None, 0):
         raise RuntimeError(f"pad(): padding mode '{mode}' doesn't take in value argument")
-    from .index import index_select
-    from .creation import tensor
     out = input
     for d, (lo, hi) in enumerate(widths):
         if lo == 0 and hi == 0:
@@ -305,8 +303,6 @@ class Repeat(Function):
 
     @staticmethod
     def backward(ctx, g):
-        from .reduce import sum as sum_
-        from .shape import reshape
         lead = len(ctx.reps) - len(ctx.in_shape)
         sizes = (1,) * lead + tuple(ctx.in_shape)
         split = []
@@ -349,7 +345,6 @@ class Flip(Function):
 @tensor_method()
 def flip(input, *dims):
     """A copy with the order of elements reversed along ``dims``."""
-    from ._util import normalize_dims
     check_tensor(input, "input", "flip")
     dims = dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
     if input.ndim == 0:
@@ -378,7 +373,6 @@ def roll(input, shifts, dims=None):
         if len(shifts) != 1:
             raise RuntimeError(f"roll(): with dims=None, shifts must be a single int, got "
                                f"{shifts}")
-        from .shape import reshape
         return reshape(Roll.apply(reshape(input, (-1,)), shifts, (0,)), tuple(input.shape))
     dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
     if len(shifts) != len(dims):
@@ -386,3 +380,76 @@ def roll(input, shifts, dims=None):
                            f"dims: {len(dims)}")
     dims = tuple(input._wrap_dim(d) for d in dims)
     return Roll.apply(input, tuple(int(s) for s in shifts), dims)
+
+
+# ------------------------------------------------------------------ split
+@tensor_method()
+@_tensor_op
+def split(input, split_size_or_sections, dim=0):
+    if input.ndim == 0:
+        raise RuntimeError("split() expects at least a 1-dimensional tensor")
+    if isinstance(split_size_or_sections, int) and split_size_or_sections < 0:
+        raise RuntimeError(f"split(): split_size must be non-negative, got "
+                           f"{split_size_or_sections}")
+    d = input._wrap_dim(dim)
+    size = input.shape[d]
+    if isinstance(split_size_or_sections, int):
+        step = split_size_or_sections
+        if step == 0 and size:
+            raise RuntimeError(f"split(): split_size must be positive (or 0 for a dimension "
+                               f"of size 0), got {step} for dimension {dim} of size {size}")
+        sizes = [min(step, size - i) for i in range(0, size, step)] if step else []
+        sizes = sizes or [0]
+    else:
+        sizes = list(split_size_or_sections)
+        if any(s < 0 for s in sizes):
+            raise RuntimeError(f"split(): split_sizes must be non-negative, got {sizes}")
+        if sum(sizes) != size:
+            raise RuntimeError(f"split(): split_sizes {sizes} must sum to the size of dimension "
+                               f"{dim} ({size})")
+    return Split.apply(input, d, tuple(sizes))
+
+
+class Split(Function):
+    """``split``/``chunk``: every piece of ``x`` along ``dim`` from one node, each
+    a view of ``x``'s storage.  The backward concatenates the pieces' gradients
+    once.  One slice node per piece made a zero-filled tensor of ``x``'s shape
+    per piece and added them up: for attention's q/k/v split, three such
+    tensors and two adds, where one concatenation does."""
+    sbp_rule = split_rule
+
+    @staticmethod
+    def forward(ctx, x, dim, sizes):
+        ctx.dim = dim
+        lead = (slice(None),) * dim
+        outs, start = [], 0
+        for size in sizes:
+            outs.append(x._view_of(basic_view(x._data, lead + (slice(start, start + size),))))
+            start += size
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return Cat.apply(ctx.dim, grads[0].dtype, *grads), None, None
+
+
+@tensor_method()
+@_tensor_op
+def chunk(input, chunks, dim=0):
+    if not isinstance(chunks, int) or chunks <= 0:
+        raise RuntimeError(f"chunk(): chunks must be a positive int, got {chunks!r}")
+    if input.ndim == 0:
+        raise RuntimeError("chunk() expects at least a 1-dimensional tensor")
+    size = input.shape[input._wrap_dim(dim)]
+    if size == 0:   # PyTorch gives ``chunks`` empty pieces
+        return split(input, [0] * chunks, dim)
+    step = -(-size // chunks)
+    return split(input, step, dim)
+
+
+@tensor_method()
+@_tensor_op
+def unbind(input, dim=0):
+    _at_least_1d(input, "unbind", IndexError)
+    d = input._wrap_dim(dim)
+    return tuple(select(input, d, i) for i in range(input.shape[d]))

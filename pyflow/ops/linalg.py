@@ -22,6 +22,7 @@ from ._util import broadcast_shapes, check_tensor, compute_array, kernel, unbroa
 from .elementwise import add, mul
 from .reduce import sum as _sum
 from .shape import reshape, squeeze, unsqueeze
+from ..distributed.signatures import linear_rule, matmul_rule
 
 __all__ = ["matmul", "mm", "bmm", "mv", "dot", "linear", "addmm", "baddbmm"]
 
@@ -56,6 +57,7 @@ def _check_device(a, b, op):
 # ------------------------------------------------------------------ the one product
 class Matmul(Function):
     """(..., n, k) @ (..., k, m); the batch dims broadcast like NumPy's."""
+    sbp_rule = matmul_rule
 
     @staticmethod
     def forward(ctx, a, b):
@@ -193,6 +195,7 @@ def dot(input, other):
 # ------------------------------------------------------------------ linear
 class Linear(Function):
     """input (*, in) @ weight (out, in).T + bias (out,), as one 2-D GEMM."""
+    sbp_rule = linear_rule
 
     @staticmethod
     def forward(ctx, x, weight, bias):

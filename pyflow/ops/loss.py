@@ -13,10 +13,13 @@ import numbers
 import numpy as np
 
 from .. import dtypes as _dt
-from ..autograd import Function
+from ..autograd import Function, is_grad_enabled
 from ..tensor import Tensor
-from ._util import (array_module, as_array, check_same_device, check_tensor, compute_array,
-                    kernel, unbroadcast, wrap)
+from ._util import (array_module, as_array, broadcast_shapes, check_same_device, check_tensor,
+                    compute_array, kernel, unbroadcast, wrap)
+from .elementwise import sigmoid, where
+from .softmax import log_softmax, softmax
+from ..distributed.signatures import loss_rule
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss",
            "binary_cross_entropy_with_logits", "binary_cross_entropy"]
@@ -147,7 +150,6 @@ class TargetWeightSum(Function):
 def _global_weight_sum(tg, weight, ignore_index, dtype):
     """TargetWeightSum for global tensors, with ops, so a split target gives a
     partial sum of per-rank counts instead of being gathered."""
-    from .elementwise import where
     keep = tg != ignore_index
     if weight is None:
         return keep.sum().to(dtype)
@@ -175,6 +177,7 @@ def _finish(loss_rows, tg, weight, ignore_index, reduction, out_shape):
 
 class CrossEntropy(Function):
     """Per-row loss of fused log_softmax + NLL with label smoothing."""
+    sbp_rule = loss_rule
 
     @staticmethod
     def forward(ctx, x, target, weight, ignore_index, smoothing):
@@ -192,9 +195,7 @@ class CrossEntropy(Function):
         (x,) = ctx.saved_tensors
         target, w, ignore_index, smoothing, lse = ctx.args
         dt = x.dtype
-        from ..autograd import is_grad_enabled
         if is_grad_enabled():  # differentiable form: softmax from ops
-            from .softmax import softmax
             p = softmax(x, 1)
             C = x.shape[1]
             xp = array_module(target)           # numpy, or the device's
@@ -243,7 +244,6 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
 
 def _cross_entropy_probs(input, target, weight, reduction, smoothing):
     """Soft targets: -sum_c w_c * q_c * log_softmax(x)_c, mean over samples."""
-    from .softmax import log_softmax
     if tuple(target.shape) != tuple(input.shape):
         # Not probabilities: PyTorch then reads it as class indices, so a batch size
         # mismatch is its ValueError; any other difference is the RuntimeError below.
@@ -264,6 +264,7 @@ def _cross_entropy_probs(input, target, weight, reduction, smoothing):
 
 
 class NLLLoss(Function):
+    sbp_rule = loss_rule
     @staticmethod
     def forward(ctx, x, target, weight, ignore_index):
         target = _check_targets(_target_array(target), x.shape[1], ignore_index, "nll_loss")
@@ -319,7 +320,6 @@ def _check_pair(input, target, op):
     check_tensor(input, "input", op)
     check_tensor(target, "target", op)
     if tuple(input.shape) != tuple(target.shape):
-        from ._util import broadcast_shapes
         broadcast_shapes(tuple(input.shape), tuple(target.shape), op=op)
     if input.dtype is not target.dtype:
         dt = _dt.promote_types(input.dtype, target.dtype)
@@ -364,7 +364,6 @@ class BCEWithLogits(Function):
     @staticmethod
     def backward(ctx, g):
         x, y, w, pw = ctx.saved_tensors
-        from .elementwise import sigmoid
         gw = g if w is None else g * w
         gx = gy = gwt = gpw = None
         if ctx.needs_input_grad[0]:
@@ -396,7 +395,6 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     if not input.dtype.is_floating_point or not target.dtype.is_floating_point:
         raise RuntimeError(f"binary_cross_entropy_with_logits(): expected floating point input "
                            f"and target, got {input.dtype} and {target.dtype}")
-    from ._util import broadcast_shapes
     for name, t in (("weight", weight), ("pos_weight", pos_weight)):
         if t is not None:
             check_tensor(t, name, "binary_cross_entropy_with_logits")

@@ -20,6 +20,8 @@ from .. import dtypes as _dt
 from ..autograd import Function, is_grad_enabled, no_grad
 from ..tensor import Tensor
 from ._util import array_module, check_tensor, compute_array, kernel, wrap
+from ._util import replicated
+from ..distributed.signatures import layer_norm_rule
 
 __all__ = ["layer_norm", "batch_norm"]
 
@@ -41,6 +43,7 @@ def _as_rows(arr, k):
 
 
 class LayerNorm(Function):
+    sbp_rule = layer_norm_rule
     @staticmethod
     def forward(ctx, x, weight, bias, normalized_shape, eps):
         dt = x.dtype
@@ -237,7 +240,6 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if training and input._placement is not None:
         # batch statistics need every sample (BatchNormStats and BatchNorm have the
         # all-broadcast signature)
-        from ..distributed.global_tensor import replicated
         input = replicated(input)
     if training:
         count = input.shape[0] * math.prod(input.shape[2:])

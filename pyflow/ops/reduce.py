@@ -25,6 +25,11 @@ from ..autograd import Function
 from ..tensor import Tensor
 from ._method import tensor_method
 from ._util import array_module, as_array, check_tensor, compute_array, kernel, normalize_dims, wrap
+from .shape import expand, reshape
+from . import elementwise
+from .elementwise import abs, div, eq, exp, logical_and, mul, pow, sign, sub, where
+from .creation import arange
+from ..distributed.signatures import reduce_rule
 
 __all__ = ["sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "var",
            "std", "norm", "logsumexp", "cumsum", "all", "any"]
@@ -64,7 +69,6 @@ def _reduced_shape(shape, dims, keepdim):
 
 def _keep(t, in_shape, dims, keepdim):
     """A reduced tensor with its reduced dims put back as size 1 (broadcastable)."""
-    from .shape import reshape
     if keepdim or not dims:
         return t
     return reshape(t, _reduced_shape(in_shape, dims, True))
@@ -72,7 +76,6 @@ def _keep(t, in_shape, dims, keepdim):
 
 def _expand_back(g, in_shape, dims, keepdim):
     """Broadcast a reduced gradient back over the reduced dims."""
-    from .shape import expand
     return expand(_keep(g, in_shape, dims, keepdim), tuple(in_shape))
 
 
@@ -122,6 +125,7 @@ def _check_nonempty(input, dims, dim_given, op):
 
 # ------------------------------------------------------------------ sum, mean, prod
 class Sum(Function):
+    sbp_rule = reduce_rule(linear=True)
     @staticmethod
     def forward(ctx, x, dims, keepdim, dtype):
         ctx.in_shape, ctx.dims, ctx.keepdim, ctx.in_dtype = x._data.shape, dims, keepdim, x.dtype
@@ -144,6 +148,7 @@ def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
 
 
 class Mean(Function):
+    sbp_rule = reduce_rule(linear=True, mean=True)
     @staticmethod
     def forward(ctx, x, dims, keepdim):
         ctx.in_shape, ctx.dims, ctx.keepdim = x._data.shape, dims, keepdim
@@ -153,7 +158,6 @@ class Mean(Function):
 
     @staticmethod
     def backward(ctx, g):
-        from .elementwise import div
         return div(_expand_back(g, ctx.in_shape, ctx.dims, ctx.keepdim), ctx.count), None, None
 
 
@@ -184,7 +188,6 @@ class Prod(Function):
         """d prod / d x_i = product of the others.  out / x_i fails at zeros, so:
         no zero in the slice -> prod / x; one zero -> the product of the rest
         at the zero, 0 elsewhere; two or more zeros -> 0 everywhere."""
-        from .elementwise import div, eq, logical_and, mul, where
         (x,) = ctx.saved_tensors
         dims, shape = ctx.dims, tuple(x.shape)
         is_zero = eq(x, 0)
@@ -217,6 +220,7 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
 # ------------------------------------------------------------------ amax/amin, max/min
 class _AExtreme(Function):
     """amax/amin over dims; the gradient is split evenly among ties (PyTorch)."""
+    sbp_rule = reduce_rule(linear=False)
     name = None
 
     @classmethod
@@ -229,7 +233,6 @@ class _AExtreme(Function):
 
     @classmethod
     def backward(cls, ctx, g):
-        from .elementwise import div, eq, mul
         x, out = ctx.saved_tensors
         shape = tuple(x.shape)
         hit = eq(x, _keep(out, shape, ctx.dims, ctx.keepdim)).to(g.dtype)
@@ -278,8 +281,6 @@ class _ExtremeDim(Function):
 
     @classmethod
     def backward(cls, ctx, g, _g_indices):
-        from .creation import arange
-        from .elementwise import eq, mul
         shape, d = tuple(ctx.in_shape), ctx.d
         if not shape:
             return g, None, None
@@ -301,7 +302,6 @@ class MinDim(_ExtremeDim):
 def _max_min(input, dim, keepdim, other, op):
     check_tensor(input, "input", op)
     if isinstance(dim, Tensor) or other is not None:     # max(x, other): elementwise
-        from . import elementwise
         other = dim if isinstance(dim, Tensor) else other
         check_tensor(other, "other", op)
         return (elementwise.maximum if op == "max" else elementwise.minimum)(input, other)
@@ -388,7 +388,6 @@ class VarStd(Function):
     def backward(ctx, g):
         """d var / d x = 2 (x - mean) / (n - correction); std divides by 2 std,
         with 0 where std == 0 (PyTorch 2's rule: a constant slice gets 0, not NaN)."""
-        from .elementwise import div, eq, mul, sub, where
         x, out = ctx.saved_tensors
         shape, dims = tuple(x.shape), ctx.dims
         g = _keep(g, shape, dims, ctx.keepdim)
@@ -457,7 +456,6 @@ class Norm(Function):
     def backward(ctx, g):
         """x |x|^(p-2) / norm^(p-1), written to stay finite where x or the norm
         is 0 (the 2-norm's gradient at 0 is 0, as in PyTorch)."""
-        from .elementwise import abs, div, eq, mul, pow, sign, where
         x, out = ctx.saved_tensors
         shape, dims, p = tuple(x.shape), ctx.dims, ctx.p
         g = _keep(g, shape, dims, ctx.keepdim)
@@ -498,7 +496,6 @@ def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
         if builtins.any(input._data.shape[d] == 0 for d in dims):
             raise RuntimeError("norm(): cannot compute the inf norm on an empty tensor because "
                                "the operation does not have an identity")
-        from .elementwise import abs
         return (AMax if p > 0 else AMin).apply(abs(input), dims, keepdim)
     return Norm.apply(input, float(p), dims, keepdim)
 
@@ -516,7 +513,6 @@ class LogSumExp(Function):
     @staticmethod
     def backward(ctx, g):
         """The gradient of logsumexp is softmax: exp(x - logsumexp(x))."""
-        from .elementwise import exp, mul, sub
         x, out = ctx.saved_tensors
         shape = tuple(x.shape)
         softmax = exp(sub(x, _keep(out, shape, ctx.dims, ctx.keepdim)))

@@ -13,11 +13,13 @@ from .. import dtypes as _dt
 from ..autograd import Function
 from ..tensor import Tensor, _pointer
 from ._method import tensor_method
-from ._util import array_module, check_scalar_fits, check_tensor, kernel, normalize_dims, shape_arg
+from ._util import array_module, check_tensor, kernel, normalize_dims, shape_arg, unbroadcast
+from ..distributed.signatures import (expand_rule, permute_rule, slice_rule, unary_linear_rule,
+                                      view_rule)
 
 __all__ = ["cast", "clone", "contiguous", "view", "reshape", "transpose", "swapaxes", "permute",
-           "t", "expand", "expand_as", "unsqueeze", "squeeze", "flatten", "unflatten", "split",
-           "chunk", "narrow", "select", "unbind", "movedim", "view_as", "reshape_as",
+           "t", "expand", "expand_as", "unsqueeze", "squeeze", "flatten", "unflatten",
+           "narrow", "select", "movedim", "view_as", "reshape_as",
            "broadcast_to", "slice_view", "detach"]
 
 
@@ -49,6 +51,7 @@ def _at_least_1d(input, op, error=RuntimeError):
 
 # ------------------------------------------------------------------ copies
 class Cast(Function):
+    sbp_rule = unary_linear_rule
     @staticmethod
     def forward(ctx, x, dtype):
         ctx.src = x.dtype
@@ -64,6 +67,7 @@ def cast(x, dtype):
 
 
 class Clone(Function):
+    sbp_rule = unary_linear_rule
     @staticmethod
     def forward(ctx, x):
         data = x._data
@@ -124,6 +128,7 @@ def _reshape_view(data, shape):
 
 
 class View(Function):
+    sbp_rule = view_rule
     @staticmethod
     def forward(ctx, x, shape):
         ctx.in_shape = x._data.shape
@@ -202,6 +207,7 @@ def unflatten(input, dim, sizes):
 
 
 class Permute(Function):
+    sbp_rule = permute_rule
     @staticmethod
     def forward(ctx, x, dims):
         ctx.dims = dims
@@ -270,6 +276,7 @@ def movedim(input, source, destination):
 
 
 class Expand(Function):
+    sbp_rule = expand_rule
     @staticmethod
     def forward(ctx, x, shape):
         ctx.in_shape = x._data.shape
@@ -277,7 +284,6 @@ class Expand(Function):
 
     @staticmethod
     def backward(ctx, g):
-        from ._util import unbroadcast
         return unbroadcast(g, ctx.in_shape), None
 
 
@@ -351,6 +357,7 @@ def basic_view(arr, key):
 
 class SliceView(Function):
     """``x[key]`` for a basic key (ints, slices, None, Ellipsis): a view."""
+    sbp_rule = slice_rule
 
     @staticmethod
     def forward(ctx, x, key):
@@ -407,128 +414,3 @@ def select(input, dim, index):
     if not -size <= index < size:
         raise IndexError(f"select(): index {index} out of range for dimension {dim} of size {size}")
     return SliceView.apply(input, (slice(None),) * d + (int(index) % size,))
-
-
-@tensor_method()
-@_tensor_op
-def split(input, split_size_or_sections, dim=0):
-    if input.ndim == 0:
-        raise RuntimeError("split() expects at least a 1-dimensional tensor")
-    if isinstance(split_size_or_sections, int) and split_size_or_sections < 0:
-        raise RuntimeError(f"split(): split_size must be non-negative, got "
-                           f"{split_size_or_sections}")
-    d = input._wrap_dim(dim)
-    size = input.shape[d]
-    if isinstance(split_size_or_sections, int):
-        step = split_size_or_sections
-        if step == 0 and size:
-            raise RuntimeError(f"split(): split_size must be positive (or 0 for a dimension "
-                               f"of size 0), got {step} for dimension {dim} of size {size}")
-        sizes = [min(step, size - i) for i in range(0, size, step)] if step else []
-        sizes = sizes or [0]
-    else:
-        sizes = list(split_size_or_sections)
-        if any(s < 0 for s in sizes):
-            raise RuntimeError(f"split(): split_sizes must be non-negative, got {sizes}")
-        if sum(sizes) != size:
-            raise RuntimeError(f"split(): split_sizes {sizes} must sum to the size of dimension "
-                               f"{dim} ({size})")
-    return Split.apply(input, d, tuple(sizes))
-
-
-class Split(Function):
-    """``split``/``chunk``: every piece of ``x`` along ``dim`` from one node, each
-    a view of ``x``'s storage.  The backward concatenates the pieces' gradients
-    once.  One slice node per piece made a zero-filled tensor of ``x``'s shape
-    per piece and added them up: for attention's q/k/v split, three such
-    tensors and two adds, where one concatenation does."""
-
-    @staticmethod
-    def forward(ctx, x, dim, sizes):
-        ctx.dim = dim
-        lead = (slice(None),) * dim
-        outs, start = [], 0
-        for size in sizes:
-            outs.append(x._view_of(basic_view(x._data, lead + (slice(start, start + size),))))
-            start += size
-        return tuple(outs)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        from .join import Cat
-        return Cat.apply(ctx.dim, grads[0].dtype, *grads), None, None
-
-
-@tensor_method()
-@_tensor_op
-def chunk(input, chunks, dim=0):
-    if not isinstance(chunks, int) or chunks <= 0:
-        raise RuntimeError(f"chunk(): chunks must be a positive int, got {chunks!r}")
-    if input.ndim == 0:
-        raise RuntimeError("chunk() expects at least a 1-dimensional tensor")
-    size = input.shape[input._wrap_dim(dim)]
-    if size == 0:   # PyTorch gives ``chunks`` empty pieces
-        return split(input, [0] * chunks, dim)
-    step = -(-size // chunks)
-    return split(input, step, dim)
-
-
-@tensor_method()
-@_tensor_op
-def unbind(input, dim=0):
-    _at_least_1d(input, "unbind", IndexError)
-    d = input._wrap_dim(dim)
-    return tuple(select(input, d, i) for i in range(input.shape[d]))
-
-
-# ------------------------------------------------------------------ in-place fills
-@tensor_method()
-def zero_(input):
-    return fill_(input, 0)
-
-
-@tensor_method()
-def fill_(input, value):
-    from ..autograd import is_grad_enabled
-    if is_grad_enabled() and input.requires_grad and input.grad_fn is None:
-        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
-                           "operation (fill_); wrap it in `with pyflow.no_grad():`")
-    if isinstance(value, Tensor):
-        # a tensor converts as .to() does (wrapping, as in PyTorch); a number must fit
-        value = value.to(input.dtype).item()
-    else:
-        check_scalar_fits(value, input.dtype, "fill_")
-    if input.dtype is _dt.bfloat16:
-        from ..kernels.cpu.cast import float32_to_bfloat16
-        value = float32_to_bfloat16(np.float32(value)).item()
-    input._data[...] = value
-    input._version[0] += 1
-    return input
-
-
-@tensor_method()
-def copy_(input, src, non_blocking=False):
-    """Copy ``src`` (broadcast, converted to ``input``'s dtype) into ``input``."""
-    check_tensor(src, "src", "copy_")
-    from .elementwise import _inplace
-
-    def take(s, x):  # the new value: x broadcast to s's shape; s itself gets no gradient
-        return Clone.apply(expand(x.to(s.dtype) if x.dtype is not s.dtype else x, tuple(s.shape)))
-    from .. import _tracing
-    from ..autograd import is_grad_enabled
-    if is_grad_enabled() and (input.requires_grad or src.requires_grad) or \
-            _tracing.recording() or input._placement is not None or src._placement is not None:
-        # recorded (by autograd, or as a graph's assign), or global: input keeps its SBP
-        return _inplace(input, take, src)
-    if src.device != input.device:          # a copy across devices (host <-> GPU)
-        src = src.to(input.device)
-    try:
-        data = np.broadcast_to(src._data if src.dtype is input.dtype else
-                               src.to(input.dtype)._data, input._data.shape)
-    except ValueError:
-        raise RuntimeError(f"copy_(): src of shape {tuple(src.shape)} cannot be broadcast to "
-                           f"{tuple(input.shape)}") from None
-    input._data[...] = data
-    input._version[0] += 1
-    return input
-

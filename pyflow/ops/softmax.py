@@ -9,6 +9,7 @@ from .. import dtypes as _dt
 from ..autograd import Function, is_grad_enabled
 from ._method import tensor_method
 from ._util import check_tensor, compute_array, kernel, wrap
+from ..distributed.signatures import softmax_rule
 
 __all__ = ["softmax", "log_softmax"]
 
@@ -18,6 +19,7 @@ class _SoftmaxBase(Function):
     query row of the (..., L, S) scores past its position.  scale and causal
     are attention's (``scaled_dot_product_attention``); plain softmax has 1 and
     False."""
+    sbp_rule = softmax_rule
     log = False
 
     @classmethod

@@ -37,7 +37,7 @@ import os
 import numpy as np
 
 from .. import dtypes as _dt
-from ..tensor import Tensor
+from ..tensor import Tensor, rebuild_tensor
 from . import _safetensors
 from ._atomic import atomic_write, remove_stale_temporaries, temporary_files
 
@@ -272,24 +272,8 @@ def _corrupt(where, why):
     return RuntimeError(f"load: '{where}' is corrupt or not a safetensors checkpoint ({why})")
 
 
-def _rebuild_tensor(array, dtype_name, requires_grad):
-    """A tensor of pyflow dtype ``dtype_name`` over ``array`` (its storage
-    array: uint16 words for bfloat16).  Used by load and by Tensor pickling."""
-    try:
-        dtype = _dt._by_name(dtype_name)
-    except KeyError:
-        raise TypeError(f"_rebuild_tensor: unknown dtype {dtype_name!r}; expected one of "
-                        f"{[d.name for d in _dt.ALL]}") from None
-    arr = np.asarray(array)
-    if arr.dtype != dtype.storage:
-        raise TypeError(f"_rebuild_tensor: a {dtype_name} tensor is stored as "
-                        f"{dtype.storage}, got an array of {arr.dtype}")
-    if not arr.flags.writeable or not arr.flags.c_contiguous:
-        arr = np.array(arr, copy=True)
-    t = Tensor._make(arr, dtype)
-    if requires_grad:
-        t.requires_grad_(True)
-    return t
+# Pickles made before the function moved to pyflow.tensor name it here.
+_rebuild_tensor = rebuild_tensor
 
 
 # ----------------------------------------------------------------- save

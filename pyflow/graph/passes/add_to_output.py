@@ -15,12 +15,15 @@ from ...ops.conv import Conv2d
 from ...ops.elementwise import Add
 from ...ops.linalg import Linear, Matmul
 from ..ir import Node, Value
+from ...distributed.signatures import elementwise_rule
+from ...distributed.sbp import partial_sum as P
 
 PRODUCERS = (Linear, Matmul, Conv2d)
 
 
 class AddToOutput(Function):
     """``out += other`` into the producer's buffer; gradient as ``add``."""
+    sbp_rule = elementwise_rule(partial=[(P, P)])
 
     @staticmethod
     def forward(ctx, out, other):

@@ -44,6 +44,7 @@ from ...ops import elementwise as _ew
 from ...ops._util import compute_array, kernel, unbroadcast, wrap
 from ...tensor import Tensor
 from ..ir import Node, Value
+from ...distributed.signatures import elementwise_rule
 
 __all__ = ["fuse_elementwise", "find_groups", "candidate", "FusedElementwise",
            "fused_function"]
@@ -184,6 +185,7 @@ def fuse_elementwise(graph):
 class FusedElementwise(Function):
     """Base of the generated fused ops; subclasses set ``program`` and ``scalars``
     (see ``kernels/cpu/fused.py`` for the expression format)."""
+    sbp_rule = elementwise_rule()
     program = ()
     scalars = ()
 

@@ -14,6 +14,8 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...tensor import Tensor
+from ...ops.creation import as_tensor, tensor
+from ...ops.join import stack
 
 __all__ = ["default_collate", "default_convert"]
 
@@ -32,10 +34,7 @@ def _stack_tensors(batch):
         if t.dtype is not dtype:
             dtype = _dt.promote_types(dtype, t.dtype)
     if any(t.requires_grad for t in batch):
-        import pyflow
-        stack = getattr(pyflow, "stack", None)
-        if stack is not None:
-            return stack([t.to(dtype) for t in batch], 0)
+        return stack([t.to(dtype) for t in batch], 0)
     arrays = [t._data if t.dtype is dtype else t.to(dtype)._data for t in batch]
     return Tensor._make(np.stack(arrays), dtype, batch[0].device)
 
@@ -43,7 +42,6 @@ def _stack_tensors(batch):
 def _from_numpy(arr):
     if arr.dtype.kind in "USO":
         raise TypeError(_ERR.format(arr.dtype))
-    from ...ops.creation import as_tensor
     return as_tensor(np.require(arr, requirements="C"))
 
 
@@ -84,7 +82,6 @@ def default_collate(batch):
         return _stack_tensors([_from_numpy(np.asarray(b)) for b in batch])
     if isinstance(elem, np.generic):
         return _from_numpy(np.array(batch))
-    from ...ops.creation import tensor
     if isinstance(elem, bool):
         return tensor(batch, dtype=_dt.bool)
     if isinstance(elem, numbers.Integral):
