@@ -45,6 +45,7 @@ import math
 import os
 import sys
 import time
+import types
 
 if __name__ == "__main__" and not __package__:
     # Run as a file (pyflow-run -n 2 models/train.py): its folder is sys.path[0],
@@ -56,9 +57,11 @@ from pyflow import nn                                   # noqa: E402
 from pyflow.models.data import CharCorpus, Digits, SyntheticImages, SyntheticTokens  # noqa: E402
 from pyflow.models.gpt import GPT, PRESETS              # noqa: E402
 from pyflow.models.mlp import MLP                       # noqa: E402
+from pyflow.models import parallel_layout               # noqa: E402
 from pyflow.utils.serialization import remove_stale_temporaries  # noqa: E402
 
-__all__ = ["main", "run", "parse_args", "TrainError", "WarmupCosine"]
+__all__ = ["main", "run", "setup", "train_loop", "summarize", "report", "parse_args",
+           "TrainError", "WarmupCosine"]
 
 CKPT_NAME = "ckpt.safetensors"
 LOG_NAME = "train_log.csv"
@@ -308,12 +311,7 @@ def check_sizes(args, data, world_size):
             raise TrainError(f"--block-size {args.block_size} is too long for the corpus "
                              f"{data.name!r}: its shortest split has {shortest} tokens; "
                              f"expected at most {shortest - 1}")
-    if args.parallel == "tp":
-        dp_size = 1
-    elif args.parallel == "hybrid":
-        dp_size = max(1, world_size // args.tp_size)
-    else:
-        dp_size = world_size
+    dp_size = parallel_layout.data_parallel_size(args.parallel, world_size, args.tp_size)
     vocab = getattr(data, "vocab_size", 0)
     need, have = memory_needed(args, vocab, dp_size), _memory_limit()
     if have is not None and need > have:
@@ -373,11 +371,10 @@ class TrainGraph(nn.Graph):
 class Batches:
     """The global batch of every step, drawn from one seeded generator (the same
     on every rank: its state is the data position), of which each rank keeps its
-    own slice."""
+    own slice (with a ``layout``: its data-parallel group's slice, made global)."""
 
-    def __init__(self, data, args, rank, world_size, placement=None, layout=None):
+    def __init__(self, data, args, rank, world_size, layout=None):
         self.data, self.rank, self.world_size = data, rank, world_size
-        self.placement = placement      # global tensors: the batch's SBP is layout.batch
         self.layout = layout
         if layout is not None:          # the slice of this rank's data-parallel group
             self.rank, self.world_size = layout.dp_index, layout.dp_size
@@ -394,9 +391,8 @@ class Batches:
         if self.world_size > 1:
             x, y = self._slice(x), self._slice(y)
         x, y = x.to(self.device), y.to(self.device)
-        if self.placement is not None:
-            sbp = self.layout.batch
-            x, y = x.to_global(self.placement, sbp), y.to_global(self.placement, sbp)
+        if self.layout is not None:
+            x, y = self.layout.place(x), self.layout.place(y)
         return x, y
 
 
@@ -404,68 +400,29 @@ def _value(comm, loss):
     """A loss as a Python float, averaged over the ranks' slices (a global loss is
     already the whole batch's)."""
     if loss.is_global:
-        return _whole(loss).item()
+        return parallel_layout.whole(loss).item()
     return _mean_over_ranks(comm, loss.item())
 
 
-class Layout:
-    """How a run lays out its global tensors: the batch's SBP, each parameter's
-    (by name), and this rank's data-parallel slice."""
-
-    def __init__(self, batch, params, dp_index, dp_size):
-        self.batch, self.params = batch, params
-        self.dp_index, self.dp_size = dp_index, dp_size
-
-
-def megatron_sbp(name):
-    """Tensor parallel for GPT (Megatron's MLP): ``mlp.c_fc`` split by output
-    features, ``mlp.c_proj`` by input features, everything else replicated.  The
-    attention stays replicated: nanoGPT's fused ``c_attn`` splits into q, k, v
-    along the features, which a feature split of the weight would cut across."""
-    S, B = pyflow.sbp.split, pyflow.sbp.broadcast
-    if ".mlp.c_fc." in name:
-        return S(0)
-    if name.endswith(".mlp.c_proj.weight"):
-        return S(1)
-    return B
-
-
 def make_global(model, args, world_size):
-    """Make the parameters global for --parallel (and graph-mode data parallel):
-    returns (placement, Layout).  Collective over every rank."""
+    """Make the parameters global for --parallel (and graph-mode data parallel)
+    and return their ``parallel_layout.Layout``; flags that make no layout are
+    a TrainError, raised before anything moves.  Collective over every rank."""
     from pyflow.comm import world
-    B, S = pyflow.sbp.broadcast, pyflow.sbp.split
     rank = world().rank
     if args.parallel != "dp" and args.model != "gpt":
         raise TrainError(f"--parallel {args.parallel} is defined for --model gpt (Megatron's "
                          f"MLP split); use --parallel dp for --model {args.model}")
-    if args.parallel == "dp":
-        placement = pyflow.placement(args.device, list(range(world_size)))
-        sbp_of = {name: (B,) for name, _ in model.named_parameters()}
-        layout = Layout((S(0),), sbp_of, rank, world_size)
-    elif args.parallel == "tp":
-        placement = pyflow.placement(args.device, list(range(world_size)))
-        sbp_of = {name: (megatron_sbp(name),) for name, _ in model.named_parameters()}
-        layout = Layout((B,), sbp_of, 0, 1)
-    else:
-        tp = args.tp_size
-        if world_size % tp:
-            raise TrainError(f"--parallel hybrid: {world_size} ranks do not form a grid with "
-                             f"--tp-size {tp} ranks per row")
-        grid = [list(range(r, r + tp)) for r in range(0, world_size, tp)]
-        placement = pyflow.placement(args.device, grid)
-        sbp_of = {name: (B, megatron_sbp(name)) for name, _ in model.named_parameters()}
-        layout = Layout((S(0), B), sbp_of, rank // tp, world_size // tp)
+    if args.parallel == "hybrid" and not parallel_layout.grid_fits(world_size, args.tp_size):
+        raise TrainError(f"--parallel hybrid: {world_size} ranks do not form a grid with "
+                         f"--tp-size {args.tp_size} ranks per row")
+    layout = parallel_layout.plan(model, args.parallel, args.device, rank, world_size,
+                                  args.tp_size)
     if args.batch_size % layout.dp_size:
         raise TrainError(f"--batch-size {args.batch_size} must be a multiple of the "
                          f"data-parallel size ({layout.dp_size})")
-    whole = (B,) * placement.ndim
-    for name, p in list(model.named_parameters()):
-        g = p.detach().to_global(placement, whole).to_global(sbp=sbp_of[name])
-        p.data = g                      # the same Parameter object, now global
-    for name, b in list(model.named_buffers()):
-        b.data = b.to_global(placement, whole)
-    return placement, layout
+    parallel_layout.place_model(model, layout)
+    return layout
 
 
 def _mean_over_ranks(comm, value):
@@ -527,27 +484,11 @@ def load_checkpoint(path, run_info):
     return ckpt
 
 
-def _local(state):
-    """A state dict with replicated global tensors as local ones (their piece is
-    the whole tensor), so checkpoints of data-parallel runs are the same files."""
-    if isinstance(state, dict):
-        return {k: _local(v) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_local(v) for v in state]
-    if isinstance(state, pyflow.Tensor) and state.is_global:
-        return _whole(state)
-    return state
-
-
-def _whole(t):
-    """A global tensor gathered into a local tensor on every rank (collective)."""
-    return t.to_global(sbp=(pyflow.sbp.broadcast,) * t.placement.ndim).to_local()
-
-
 def save_checkpoint(path, model, optimizer, scheduler, step, batches, run_info, write=True):
     """Every rank calls it (gathering split global tensors is collective); the rank
     with ``write`` writes the file."""
-    model_state, optimizer_state = _local(model.state_dict()), _local(optimizer.state_dict())
+    model_state = parallel_layout.local_state(model.state_dict())
+    optimizer_state = parallel_layout.local_state(optimizer.state_dict())
     if not write:
         return
     pyflow.save({"model": model_state, "optimizer": optimizer_state,
@@ -610,9 +551,47 @@ def plot(log_path, out):
 
 
 # ------------------------------------------------------------------ the run
+class Job(types.SimpleNamespace):
+    """What ``setup`` made for one run, shared by the loop and the report:
+    ``args``, ``comm``, ``rank``, ``world_size``, ``ckpt_path`` (None without
+    --ckpt-dir), ``model``, ``train_model`` (the model, or its DDP wrapper),
+    ``graph`` (None in eager mode), ``optimizer``, ``scheduler``, ``batches``,
+    ``run_info`` (what a checkpoint must match), ``start`` (the last step
+    already done), ``n_params`` and ``log``."""
+
+
+class History:
+    """What the loop measured: losses by step, held-out losses by step, the
+    seconds of every step, and the steps run (``start`` + 1 .. ``stop``)."""
+
+    def __init__(self, start, stop):
+        self.start, self.stop = start, stop
+        self.losses, self.val_losses, self.times = {}, {}, []
+
+    @property
+    def skip(self):
+        """Steps left out of the throughput: the first ones compile kernels (and
+        the graph); the last one is always kept."""
+        return min(2, len(self.times) - 1) if self.times else 0
+
+
 def run(args):
     """Train as ``args`` say; returns a summary dict (losses per step, held-out
     losses, samples/s).  Raises TrainError for a problem to report."""
+    job = setup(args)
+    history = train_loop(job)
+    summary = summarize(job, history)
+    if job.rank == 0:
+        report(job.args, summary, history.skip, job.log)
+    return summary
+
+
+def setup(args):
+    """Check everything that can be checked before a file is written (raising
+    TrainError), settle the defaults that depend on the data (``args.steps``,
+    ``args.warmup``, ``args.block_size`` are filled in), build the model, its
+    layout, optimizer, scheduler and batches, resume the checkpoint, open the
+    log and print the first line.  Returns the Job."""
     from pyflow.comm import world
     comm = world()
     rank, world_size = comm.rank, comm.size
@@ -632,32 +611,19 @@ def run(args):
     _share_cores(get_local_world_size())
 
     data = load_data(args, PRESETS[args.preset]().vocab_size if args.model == "gpt" else 0)
-    if args.model == "gpt" and args.block_size is None:
-        args.block_size = PRESETS[args.preset]().block_size
-    if args.steps is None:
-        if args.epochs is not None:
-            per_step = args.batch_size * (args.block_size if args.model == "gpt" else 1)
-            size = len(data.train) if hasattr(data, "train") else 20000
-            args.steps = max(1, args.epochs * size // per_step)
-        else:
-            args.steps = 200
-    if args.warmup is None:
-        args.warmup = min(100, args.steps // 10)
-    if args.warmup >= args.steps:
-        raise TrainError(f"--warmup {args.warmup} must be smaller than the number of steps "
-                         f"({args.steps})")
+    _settle_lengths(args, data)
     check_sizes(args, data, world_size)
 
     pyflow.manual_seed(args.seed)
     model, model_config = build_model(args, data)
     model.to(args.device)
-    placement = layout = None
+    layout = None
     if world_size > 1 and (args.graph or args.parallel != "dp"):
-        placement, layout = make_global(model, args, world_size)
+        layout = make_global(model, args, world_size)
     optimizer = build_optimizer(args, model)
     scheduler = pyflow.optim.lr_scheduler.LambdaLR(optimizer,
                                                    WarmupCosine(args.warmup, args.steps))
-    batches = Batches(data, args, rank, world_size, placement, layout)
+    batches = Batches(data, args, rank, world_size, layout)
     run_info = _run_info(args, model_config, data)
     start = 0
     if args.resume:
@@ -675,8 +641,10 @@ def run(args):
             print(f"removed {len(stale)} temporary file(s) of killed checkpoint saves from "
                   f"{args.ckpt_dir}", flush=True)
 
+    # Global parameters carry their own layout; local ones on many ranks need
+    # DDP to average the gradients.
     train_model = model
-    if world_size > 1 and placement is None:
+    if world_size > 1 and layout is None:
         from pyflow.nn.parallel import DistributedDataParallel
         train_model = DistributedDataParallel(model, comm=comm)
     graph = TrainGraph(model, optimizer, scheduler) if args.graph else None
@@ -686,60 +654,96 @@ def run(args):
         print(f"pyflow {pyflow.__version__}: {args.model} {args.preset} ({n_params:,} parameters) "
               f"on {data.name}, {'graph' if args.graph else 'eager'} mode, {world_size} rank(s), "
               f"global batch {args.batch_size}, steps {start + 1}..{args.steps}", flush=True)
+    return Job(args=args, comm=comm, rank=rank, world_size=world_size, ckpt_path=ckpt_path,
+               model=model, train_model=train_model, graph=graph, optimizer=optimizer,
+               scheduler=scheduler, batches=batches, run_info=run_info, start=start,
+               n_params=n_params, log=log)
 
+
+def _settle_lengths(args, data):
+    """Fill in the defaults that depend on the preset and the data: the block
+    size, the steps (from --epochs when given) and the warm-up."""
+    if args.model == "gpt" and args.block_size is None:
+        args.block_size = PRESETS[args.preset]().block_size
+    if args.steps is None:
+        if args.epochs is not None:
+            per_step = args.batch_size * (args.block_size if args.model == "gpt" else 1)
+            size = len(data.train) if hasattr(data, "train") else 20000
+            args.steps = max(1, args.epochs * size // per_step)
+        else:
+            args.steps = 200
+    if args.warmup is None:
+        args.warmup = min(100, args.steps // 10)
+    if args.warmup >= args.steps:
+        raise TrainError(f"--warmup {args.warmup} must be smaller than the number of steps "
+                         f"({args.steps})")
+
+
+def train_loop(job):
+    """Run steps ``job.start + 1`` up to ``--steps`` (or ``--stop-after``):
+    each step, the held-out loss when due, the log row, the progress bar and
+    the checkpoint when due.  Closes the log; returns the History."""
+    args, rank = job.args, job.rank
     progress = None
     if rank == 0 and not args.no_progress:
         from tqdm import tqdm
-        progress = tqdm(total=args.steps, initial=start, desc="train", unit="step",
+        progress = tqdm(total=args.steps, initial=job.start, desc="train", unit="step",
                         dynamic_ncols=True)
     say = progress.write if progress is not None else print
-    losses, val_losses, times = {}, {}, []
-    stop = min(args.steps, args.stop_after or args.steps)
-    for step in range(start + 1, stop + 1):
-        lr = optimizer.param_groups[0]["lr"]
+    history = History(job.start, min(args.steps, args.stop_after or args.steps))
+    for step in range(job.start + 1, history.stop + 1):
+        lr = job.optimizer.param_groups[0]["lr"]
         t0 = time.perf_counter()
-        x, y = batches.next()
-        if graph is not None:
-            loss = graph(x, y)
-        else:
-            loss = loss_of(train_model, x, y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-        loss = _value(comm, loss)
+        loss = _step(job)
         dt = time.perf_counter() - t0
-        times.append(dt)
-        losses[step] = loss
+        history.times.append(dt)
+        history.losses[step] = loss
         val = None
         if step == args.steps or (args.eval_every and step % args.eval_every == 0):
-            val = val_losses[step] = evaluate(model, batches, args, comm)
+            val = history.val_losses[step] = evaluate(job.model, job.batches, args, job.comm)
             if rank == 0:
                 say(f"step {step}: train loss {loss:.4f}  held-out loss {val:.4f}")
-        log.write(step=step, loss=f"{loss:.6f}", lr=f"{lr:.6g}",
-                  samples_per_s=f"{args.batch_size / dt:.2f}",
-                  val_loss="" if val is None else f"{val:.6f}")
+        job.log.write(step=step, loss=f"{loss:.6f}", lr=f"{lr:.6g}",
+                      samples_per_s=f"{args.batch_size / dt:.2f}",
+                      val_loss="" if val is None else f"{val:.6f}")
         if progress is not None:
             progress.set_postfix(loss=f"{loss:.4f}", samples_s=f"{args.batch_size / dt:.1f}",
                                  refresh=False)
             progress.update(1)
-        if ckpt_path and (step == args.steps or (args.ckpt_every and step % args.ckpt_every == 0)):
-            save_checkpoint(ckpt_path, model, optimizer, scheduler, step, batches, run_info,
-                            write=rank == 0)
-            comm.barrier()
+        if job.ckpt_path and (step == args.steps
+                              or (args.ckpt_every and step % args.ckpt_every == 0)):
+            save_checkpoint(job.ckpt_path, job.model, job.optimizer, job.scheduler, step,
+                            job.batches, job.run_info, write=rank == 0)
+            job.comm.barrier()
     if progress is not None:
         progress.close()
-    log.close()
+    job.log.close()
+    return history
 
-    # Throughput without the first steps, which compile kernels (and the graph).
-    skip = min(2, len(times) - 1) if times else 0
-    timed = times[skip:]
-    samples_per_s = args.batch_size * len(timed) / sum(timed) if timed else float("nan")
-    summary = {"losses": losses, "val_losses": val_losses, "samples_per_s": samples_per_s,
-               "start": start, "stop": stop, "world_size": world_size, "n_params": n_params}
-    if rank == 0:
-        report(args, summary, skip, log)
-    return summary
+
+def _step(job):
+    """One training step on the next batch: returns its loss as a float, the
+    whole global batch's (averaged over the ranks: collective)."""
+    x, y = job.batches.next()
+    if job.graph is not None:
+        loss = job.graph(x, y)
+    else:
+        loss = loss_of(job.train_model, x, y)
+        job.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        job.optimizer.step()
+        job.scheduler.step()
+    return _value(job.comm, loss)
+
+
+def summarize(job, history):
+    """The summary dict ``run`` returns: losses and held-out losses by step,
+    samples/s after ``history.skip`` steps, the steps run, ranks, parameters."""
+    timed = history.times[history.skip:]
+    samples_per_s = job.args.batch_size * len(timed) / sum(timed) if timed else float("nan")
+    return {"losses": history.losses, "val_losses": history.val_losses,
+            "samples_per_s": samples_per_s, "start": history.start, "stop": history.stop,
+            "world_size": job.world_size, "n_params": job.n_params}
 
 
 def report(args, summary, skip, log):
