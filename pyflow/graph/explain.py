@@ -4,6 +4,7 @@
 changed, the final logical graph (one line per node), the memory plan, and
 the actor task graph (actors, streams, register edges).
 """
+from ..distributed.boxing import describe_nd, kind_of
 from .ir import iter_values
 
 
@@ -31,7 +32,6 @@ def _sbp_lines(plan):
     inserted before it (bytes sent per rank), and data parallel's gradient
     all-reduce.  The backward's boxing follows from the forward's signatures (the
     dual rule of pyflow/distributed/dispatch.py) and is decided when it runs."""
-    from ..distributed.boxing import describe_nd
     lines = ["SBP (forward signatures from the trace; boxing bytes sent per rank):"]
     total = 0
     for node in plan.graph.nodes:
@@ -42,13 +42,9 @@ def _sbp_lines(plan):
         out = ", ".join("(" + ", ".join(_short(s) for s in sbp) + ")" for sbp in outs)
         lines.append(f"  {node.name:<28} -> {out}")
         for arg, src, dst, shape, dtype in boxings:
-            steps = describe_nd(src, dst, shape, dtype, placement)
-            nbytes = sum(st.bytes for st in steps)
+            text, nbytes = boxing_text(src, dst, shape, dtype, placement)
             total += nbytes
-            ops = " + ".join(st.op for st in steps) or "identity"
-            lines.append(f"      boxing arg {arg} {'x'.join(map(str, shape))} "
-                         f"({', '.join(map(_short, src))}) -> ({', '.join(map(_short, dst))}): "
-                         f"{ops}, {nbytes:,} bytes")
+            lines.append(f"      boxing arg {arg} {text}")
     lines.append(f"  forward boxing total: {total:,} bytes per rank per step")
     sync = plan.grad_sync
     if sync is not None:
@@ -61,10 +57,23 @@ def _sbp_lines(plan):
     return lines
 
 
+def boxing_text(src, dst, shape, dtype, placement):
+    """One boxing of a logical tensor of ``shape``/``dtype`` from nd-sbp ``src`` to
+    ``dst`` on ``placement`` (or its axis sizes) as ``(text, bytes)``: its
+    collectives in order (the boxing table's, through ``describe_nd``) and the
+    bytes each rank sends, e.g. ``("8x16 (S(0)) -> (B): all_gather, 256 bytes",
+    256)`` for float32 on 2 ranks."""
+    steps = describe_nd(src, dst, shape, dtype, placement)
+    nbytes = sum(st.bytes for st in steps)
+    ops = " + ".join(st.op for st in steps) or "identity"
+    return (f"{'x'.join(map(str, shape))} ({', '.join(map(_short, src))}) -> "
+            f"({', '.join(map(_short, dst))}): {ops}, {nbytes:,} bytes"), nbytes
+
+
 def _short(sbp):
-    if sbp.is_split:
-        return f"S({sbp.dim})"
-    return "B" if sbp.kind == "broadcast" else "P"
+    """S(d), B or P: the boxing table's kind, with the split dim."""
+    kind = kind_of(sbp)
+    return f"S({sbp.dim})" if kind == "S" else kind
 
 
 def explain(graph):
