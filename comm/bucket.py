@@ -15,10 +15,19 @@ whatever its local graph used, and the other ranks' gradient is real.
 Used by ``nn.parallel.DistributedDataParallel``, which starts a bucket
 (``start_bucket``) as soon as its last gradient is ready so the reduction
 overlaps the rest of backward.
+
+The flat buffers and missing gradients are allocated by the parameters'
+device backend (``pyflow/device.py``) and wrapped as tensors of the
+parameters' class (``wire.new_tensor``): ``pyflow.comm`` sits below the
+tensor layer and imports neither ``pyflow.tensor`` nor the creation ops.
 """
 import numpy as np
 
-from pyflow.tensor import Tensor
+from pyflow import dtypes as _dt
+from pyflow.device import backend_of
+
+from .job import world
+from .wire import is_tensor, new_tensor
 
 __all__ = ["GradBucketer", "Bucket"]
 
@@ -36,8 +45,8 @@ class Bucket:
 
     def buffer(self):
         if self.flat is None:
-            import pyflow
-            self.flat = pyflow.zeros(self.numel, dtype=self.dtype, device=self.device)
+            data = backend_of(self.device).zeros((self.numel,), self.dtype.storage)
+            self.flat = new_tensor(self.params[0], data)
         return self.flat
 
     def pack(self):
@@ -60,8 +69,7 @@ class Bucket:
             n = p.numel()
             piece = flat[offset:offset + n].reshape(p._data.shape)
             if p.grad is None:
-                import pyflow
-                p.grad = pyflow.empty(tuple(p.shape), dtype=p.dtype, device=p.device)
+                p.grad = new_tensor(p, backend_of(p.device).empty(tuple(p.shape), p.dtype.storage))
             if scale is None:
                 p.grad._data[...] = piece
             else:
@@ -73,8 +81,7 @@ class Bucket:
         """True when the mean's 1/size can ride on ``unpack``: host float32/float64
         buffers (half types are reduced in float32 by the communicator, and device
         buffers are not NumPy arrays)."""
-        import pyflow
-        return self.device.type == "cpu" and self.dtype in (pyflow.float32, pyflow.float64)
+        return self.device.type == "cpu" and self.dtype in (_dt.float32, _dt.float64)
 
 
 class GradBucketer:
@@ -93,7 +100,7 @@ class GradBucketer:
                              f"{bucket_bytes!r}")
         params = list(params)
         for i, p in enumerate(params):
-            if not isinstance(p, Tensor):
+            if not is_tensor(p):
                 raise TypeError(f"GradBucketer: params[{i}] must be a Tensor, got "
                                 f"{type(p).__name__}")
             if not p.dtype.is_floating_point:
@@ -102,7 +109,6 @@ class GradBucketer:
         if len({id(p) for p in params}) != len(params):
             raise ValueError("GradBucketer: a parameter is listed twice")
         if comm is None:
-            from .communicator import world
             comm = world()
         self.comm, self.average, self.bucket_bytes = comm, bool(average), int(bucket_bytes)
         self.buckets = self._assign(params)

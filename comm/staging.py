@@ -14,14 +14,17 @@ Three cases, decided per array by ``MPIBuffer``:
   staging memory once (Horovod / ChainerMN do the same; mpi4jax allocates per
   call, which is what this avoids).
 
-Under numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) device arrays are
-``SimulatedDeviceArray``s; the copies below are then explicit host views and
-"pinned" memory is a plain NumPy buffer, so the whole staging logic runs in CI
-without a GPU.
+What device memory is and how it is copied and synchronised is the array's
+backend's business (``pyflow/device.py``, ``backend_of_array``): CuPy on a GPU;
+under numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) ``SimulatedDeviceArray``s,
+whose copies are explicit host views and whose "pinned" memory is a plain
+NumPy buffer, so the whole staging logic runs in CI without a GPU.
 """
 import threading
 
 import numpy as np
+
+from pyflow.device import backend_of, backend_of_array
 
 from .cuda_aware import cuda_aware_mpi
 
@@ -30,60 +33,7 @@ __all__ = ["StagingPool", "staging_pool", "MPIBuffer", "is_host_array"]
 
 def is_host_array(a):
     """True for host NumPy memory (a simulated device array is *not* host memory)."""
-    if type(a) is np.ndarray:           # the common case, decided without an import
-        return True
-    from pyflow.kernels.cuda._simarray import SimulatedDeviceArray
-    return isinstance(a, np.ndarray) and not isinstance(a, SimulatedDeviceArray)
-
-
-def _simulated():
-    from numba import config
-    return bool(config.ENABLE_CUDASIM)
-
-
-# --------------------------------------------------------------------- copies
-def synchronize_stream():
-    """Wait for the kernels queued on the current stream (MPI reads memory
-    directly, it knows nothing about CUDA streams)."""
-    if not _simulated():
-        import cupy
-        cupy.cuda.get_current_stream().synchronize()
-
-
-def device_to_host(device_array, host_out):
-    """Copy a device array into the contiguous host array ``host_out`` (blocking)."""
-    if _simulated():
-        np.copyto(host_out, device_array.view(np.ndarray))
-    else:
-        import cupy
-        if not device_array.flags.c_contiguous:
-            device_array = cupy.ascontiguousarray(device_array)
-        device_array.get(out=host_out)         # blocking: returns when the bytes are there
-
-
-def host_to_device(host, device_out):
-    """Copy the host array ``host`` into ``device_out``; returns when done, so the
-    host buffer may be reused at once (a copy from pinned memory is otherwise
-    asynchronous)."""
-    if _simulated():
-        np.copyto(device_out.view(np.ndarray), host)
-        return
-    import cupy
-    if device_out.flags.c_contiguous:
-        device_out.set(host)
-    else:
-        tmp = cupy.empty(host.shape, host.dtype)
-        tmp.set(host)
-        device_out[...] = tmp
-    cupy.cuda.get_current_stream().synchronize()
-
-
-def _device_contiguous(a):
-    if _simulated():
-        from pyflow.kernels.cuda._simarray import as_simulated
-        return as_simulated(np.ascontiguousarray(a.view(np.ndarray)))
-    import cupy
-    return cupy.ascontiguousarray(a)
+    return isinstance(a, np.ndarray) and backend_of_array(a).type == "cpu"
 
 
 # --------------------------------------------------------------------- pool
@@ -143,10 +93,7 @@ class StagingPool:
 def _allocate_pinned(nbytes):
     """Page-locked host memory on a GPU (fast, asynchronous-capable copies);
     plain host memory under the simulator."""
-    if _simulated():
-        return np.empty(nbytes, np.uint8)
-    import cupyx
-    return cupyx.empty_pinned((nbytes,), np.uint8)
+    return backend_of("cuda").pinned_empty(nbytes)
 
 
 _pool = []
@@ -168,11 +115,13 @@ class MPIBuffer:
     to pass to MPI (always C-contiguous); ``finish()`` copies results back where
     needed and returns staging memory; call it once the MPI operation is done.
     """
-    __slots__ = ("array", "mpi", "kind", "_write", "_block", "_pool")
+    __slots__ = ("array", "mpi", "kind", "_write", "_block", "_pool", "_backend")
 
     def __init__(self, array, read=True, write=True, pool=None):
         self.array, self._write, self._block, self._pool = array, write, None, None
-        if is_host_array(array):
+        backend = backend_of_array(array)
+        self._backend = backend
+        if backend.type == "cpu":
             self.kind = "host"
             if array.flags.c_contiguous:
                 self.mpi, self._write = array, False          # zero-copy: MPI writes in place
@@ -184,19 +133,19 @@ class MPIBuffer:
             if array.flags.c_contiguous:
                 self.mpi, self._write = array, False
             else:
-                self.mpi = _device_contiguous(array)
-            synchronize_stream()
+                self.mpi = backend.xp.ascontiguousarray(array)
+            backend.synchronize_stream()     # MPI reads memory; it does not wait for kernels
         else:
             self.kind = "staged"
             self._pool = pool or staging_pool()
             self.mpi, self._block = self._pool.acquire(array.shape, array.dtype)
             if read:
-                device_to_host(array, self.mpi)
+                backend.to_host(array, out=self.mpi)      # blocking
 
     def finish(self):
         if self._write:
             if self.kind == "staged":
-                host_to_device(self.mpi, self.array)
+                self._backend.copy_from_host(self.mpi, self.array)
             else:                       # a contiguous copy of a strided view
                 self.array[...] = self.mpi
             self._write = False

@@ -14,8 +14,13 @@ silently keeping the default.
 ``pyflow.backends.cpu.threads`` reports the CPU thread pools' settings and
 what ``import pyflow`` did about pools that another library (PyTorch, or any
 import of NumPy) had started before it (``pyflow/_threads.py``).
+
+The cuda settings object is defined in ``kernels/settings.py``, beside the
+kernels that read it (a kernel imports nothing above the device level), and
+re-exported here.
 """
 from . import _threads
+from .kernels import settings as _kernel_settings
 
 __all__ = ["cpu", "cuda"]
 
@@ -36,24 +41,4 @@ class _CpuBackend:
 cpu = _CpuBackend()
 
 
-class _CudaBackend:
-    """Settings of the ``cuda`` device's kernels."""
-
-    MATMUL_CHOICES = ("numba", "cublas")
-    matmul = "numba"
-
-    def __setattr__(self, name, value):
-        if name == "matmul":
-            if not isinstance(value, str) or value not in self.MATMUL_CHOICES:
-                raise ValueError(f"pyflow.backends.cuda.matmul must be one of "
-                                 f"{list(self.MATMUL_CHOICES)}, got {value!r}")
-        elif not hasattr(type(self), name) or name.isupper():
-            raise AttributeError(f"pyflow.backends.cuda has no setting {name!r}; "
-                                 f"settings: ['matmul']")
-        object.__setattr__(self, name, value)
-
-    def __repr__(self):
-        return f"pyflow.backends.cuda(matmul={self.matmul!r})"
-
-
-cuda = _CudaBackend()
+cuda = _kernel_settings.cuda     # the object kernels/cuda/linalg.py reads

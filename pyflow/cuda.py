@@ -8,37 +8,32 @@ Two ways to have a ``cuda`` device:
   numba) are imported.  Device memory is NumPy memory and the very same
   numba.cuda kernels run, slowly, in the simulator; events time host wall
   clock.  This is how the test suite exercises every CUDA kernel without a GPU.
+
+The answers come from the cuda backend object (``pyflow/device.py``:
+``backend_of("cuda")``), which knows which of the two a process has; this
+module is the public face PyTorch users expect (``torch.cuda``'s names).
 """
 import time
-import weakref
+
+from .device import backend_of
 
 __all__ = ["is_available", "device_count", "current_device", "synchronize", "Stream", "Event",
            "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
            "unavailable_reason", "simulated"]
 
 
+def _backend():
+    return backend_of("cuda")
+
+
 def simulated():
-    from numba import config
-    return bool(config.ENABLE_CUDASIM)
+    """True under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)."""
+    return _backend().simulated
 
 
 def unavailable_reason():
     """None when the cuda device can be used, else a sentence saying why not."""
-    if simulated():
-        return None
-    try:
-        from numba import cuda
-        has_gpu = cuda.is_available()
-    except Exception as e:  # noqa: BLE001 (a broken driver install is a reason too)
-        return f"numba.cuda could not start ({e})"
-    if not has_gpu:
-        return ("no GPU found (numba.cuda.is_available() is False); to run the CUDA kernels "
-                "in numba's simulator instead, set NUMBA_ENABLE_CUDASIM=1 before importing pyflow")
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        return "CuPy is not installed; install it with: pip install 'pyflow[cuda]'"
-    return None
+    return _backend().unavailable_reason()
 
 
 def is_available():
@@ -46,36 +41,23 @@ def is_available():
 
 
 def device_count():
-    if not is_available():
-        return 0
-    if simulated():
-        return 1
-    import cupy
-    return cupy.cuda.runtime.getDeviceCount()
+    return _backend().device_count()
 
 
 def current_device():
-    if simulated() or not is_available():
-        return 0
-    import cupy
-    return cupy.cuda.Device().id
+    return _backend().current_device()
 
 
 def synchronize():
     """Wait for every kernel launched so far (a no-op in the simulator)."""
-    if is_available() and not simulated():
-        import cupy
-        cupy.cuda.Device().synchronize()
+    _backend().synchronize()
 
 
 class Stream:
     """A CUDA stream; ``with stream:`` makes it current for kernel launches."""
 
     def __init__(self):
-        self._stream = None
-        if not simulated():
-            import cupy
-            self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._stream = _backend().new_stream()      # None in the simulator
 
     def __enter__(self):
         if self._stream is not None:
@@ -96,10 +78,7 @@ class Event:
     In the simulator it records host wall-clock time."""
 
     def __init__(self, enable_timing=False):
-        self._event, self._t = None, None
-        if not simulated():
-            import cupy
-            self._event = cupy.cuda.Event(disable_timing=not enable_timing)
+        self._event, self._t = _backend().new_event(enable_timing), None
 
     def record(self, stream=None):
         if self._event is None:
@@ -116,37 +95,20 @@ class Event:
             if self._t is None or end._t is None:
                 raise RuntimeError("elapsed_time: both events must be recorded first")
             return (end._t - self._t) * 1e3
-        import cupy
-        return cupy.cuda.get_elapsed_time(self._event, end._event)
+        return _backend().elapsed_time(self._event, end._event)
 
 
 # ------------------------------------------------------------------ memory statistics
-class _Stats:
-    allocated = 0
-    peak = 0
-
-
-def _track(array):
-    """Count ``array``'s bytes as allocated until it is garbage collected."""
-    n = int(array.nbytes)
-    _Stats.allocated += n
-    _Stats.peak = max(_Stats.peak, _Stats.allocated)
-    weakref.finalize(array, _release, n)
-    return array
-
-
-def _release(n):
-    _Stats.allocated -= n
-
-
+# Counted by the cuda backend (``MemoryStats``): every array its ``empty``,
+# ``zeros`` and ``to_device`` make, until it is garbage collected.
 def memory_allocated(device=None):
     """Bytes currently held by pyflow's CUDA tensors and kernel outputs."""
-    return _Stats.allocated
+    return _backend().memory.allocated
 
 
 def max_memory_allocated(device=None):
-    return _Stats.peak
+    return _backend().memory.peak
 
 
 def reset_peak_memory_stats(device=None):
-    _Stats.peak = _Stats.allocated
+    _backend().memory.reset_peak()

@@ -18,7 +18,7 @@ import numpy as np
 from . import dtypes as _dt
 from ._hooks import HOOKS
 from ._print import format_tensor
-from .device import CPU, as_device, check_available
+from .device import CPU, as_device, backend_of, check_available
 from .kernels.registry import get as _kernel
 
 __all__ = ["Tensor", "Size"]
@@ -49,38 +49,20 @@ def _pointer(array):
     return face["data"][0]
 
 
-_device_array_type = []     # [the class of cuda storage], resolved on first use
-
-
 def _check_storage(data, dtype, device):
     """Internal check that storage is on the tensor's device: a host array must
     never silently become cuda storage (on a GPU, CuPy would refuse it later, far
     from the bug), nor device memory cpu storage.  Under numba's simulator cuda
-    storage is a ``SimulatedDeviceArray`` (kernels/cuda/_simarray.py), so CI
-    catches ops that do host NumPy math on cuda data.  Only reached for non-cpu
-    devices or non-ndarray data, so the cpu path costs one type comparison."""
-    if device.type == "cpu":
-        from .kernels.cuda._simarray import SimulatedDeviceArray
-        if isinstance(data, (np.ndarray, np.generic)) and \
-                not isinstance(data, SimulatedDeviceArray):
-            return              # host memory: an ndarray subclass (memmap...), a 0-d result
-        expected = "a host numpy.ndarray"
-    else:
-        if not _device_array_type:
-            from .cuda import simulated
-            if simulated():
-                from .kernels.cuda._simarray import SimulatedDeviceArray as kind
-            else:
-                import cupy
-                kind = cupy.ndarray
-            _device_array_type.append(kind)
-        if isinstance(data, _device_array_type[0]):
-            return
-        expected = f"a device array ({_device_array_type[0].__module__}." \
-                   f"{_device_array_type[0].__name__})"
+    storage is a ``SimulatedDeviceArray`` (pyflow/_simarray.py), so CI catches ops
+    that do host NumPy math on cuda data.  What each device holds is its backend's
+    answer (pyflow/device.py).  Only reached for non-cpu devices or non-ndarray
+    data, so the cpu path costs one type comparison."""
+    backend = backend_of(device)
+    if backend.owns(data):
+        return              # host memory includes ndarray subclasses (memmap...) and 0-d results
     raise RuntimeError(
-        f"pyflow internal error: a {dtype} tensor on device '{device}' must hold {expected}, "
-        f"got {type(data).__module__}.{type(data).__name__}"
+        f"pyflow internal error: a {dtype} tensor on device '{device}' must hold "
+        f"{backend.storage}, got {type(data).__module__}.{type(data).__name__}"
         f"{f' of shape {data.shape}' if hasattr(data, 'shape') else ''}; an op built its "
         f"result on the wrong device (use the data's array module or a registered kernel)")
 

@@ -1,19 +1,17 @@
 """Device memory and launch helpers shared by every CUDA kernel module.
 
-On a GPU, CuPy arrays hold the memory (its pool) and kernels launch on CuPy's
-current stream; numba.cuda receives the arrays through
-``__cuda_array_interface__``.  Under numba's simulator
-(``NUMBA_ENABLE_CUDASIM=1``) device arrays are ``SimulatedDeviceArray``s,
-NumPy arrays as strict as CuPy about host/device mixing (see ``_simarray``),
-and the stream is the default one.  Kernel modules allocate only through ``empty``/``zeros``
-and launch with ``stream()``, so both cases share one code path.
+What device memory is (CuPy arrays on a GPU, ``SimulatedDeviceArray``s under
+numba's simulator), how it is allocated and copied and which stream kernels
+launch on is the cuda backend's business (``pyflow/device.py``); this module
+is the kernels' short way to it.  Kernel modules allocate only through
+``empty``/``zeros`` and launch with ``stream()``, so the GPU and the simulator
+share one code path; ``launch_config`` sizes grids for both.
 """
 import math
 
 import numpy as np
-from numba import cuda
 
-from ._simarray import SIM_NUMPY, SimulatedDeviceArray
+from pyflow.device import backend_of, backend_of_array
 
 THREADS_PER_BLOCK = 256
 MAX_BLOCKS = 8192
@@ -25,80 +23,56 @@ MAX_BLOCKS = 8192
 SIM_THREADS = 32
 SIM_MAX_BLOCKS = 2
 
+_CUDA = backend_of("cuda")      # kernels run on the process's cuda backend (GPU or simulator)
+
 
 def simulated():
     """True under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)."""
-    from numba import config
-    return bool(config.ENABLE_CUDASIM)
+    return _CUDA.simulated
 
 
 def array_module(like=None):
     """The array module of ``like``'s memory: ``cupy`` for GPU arrays, the
-    simulator's strict stand-in (``_simarray.SIM_NUMPY``) for simulated device
-    arrays, ``numpy`` for host arrays and numbers.  With no ``like``: the device's
+    simulator's strict stand-in (``SIM_NUMPY``) for simulated device arrays,
+    ``numpy`` for host arrays and numbers.  With no ``like``: the device's
     module.  Ops doing array math on device data write ``xp = array_module(data)``
     and ``xp.sqrt(...)``, ``xp.zeros(...)``, so the same code runs on both."""
-    if like is None:
-        return _device_module()
-    if isinstance(like, np.ndarray):
-        return SIM_NUMPY if isinstance(like, SimulatedDeviceArray) else np
-    if hasattr(like, "__cuda_array_interface__"):
-        import cupy
-        return cupy
-    return np
-
-
-def _device_module():
-    if simulated():
-        return SIM_NUMPY
-    import cupy
-    return cupy
+    return _CUDA.xp if like is None else backend_of_array(like).xp
 
 
 def is_device_array(a):
     """True for device memory: a CuPy (or other CUDA array interface) array, or a
     simulated device array."""
-    return isinstance(a, SimulatedDeviceArray) or \
-        (not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__"))
+    return backend_of_array(a).type == "cuda"
 
 
 def is_host_array(a):
     """True for a host NumPy array (not a simulated device array)."""
-    return isinstance(a, np.ndarray) and not isinstance(a, SimulatedDeviceArray)
-
-
-def _tracked(array):
-    from pyflow.cuda import _track       # memory_allocated() / max_memory_allocated()
-    return _track(array)
+    return isinstance(a, np.ndarray) and backend_of_array(a).type == "cpu"
 
 
 def empty(shape, dtype, like=None):
     """Uninitialised device memory (always on the device, whatever ``like`` is)."""
-    return _tracked(_device_module().empty(shape, dtype))
+    return _CUDA.empty(shape, dtype)
 
 
 def zeros(shape, dtype, like=None):
-    return _tracked(_device_module().zeros(shape, dtype))
+    return _CUDA.zeros(shape, dtype)
 
 
 def to_device(host, like=None):
     """A copy of a host NumPy array (or number) as a device array."""
-    return _tracked(_device_module().array(host, copy=True))
+    return _CUDA.to_device(host)
 
 
 def to_host(array):
-    """A host NumPy copy of a device array."""
-    if isinstance(array, np.ndarray):
-        return np.array(array, copy=True, subok=False)
-    return array.get()
+    """A host NumPy copy of an array (device or host)."""
+    return backend_of_array(array).to_host(array)
 
 
 def stream():
     """The stream to launch on: CuPy's current stream on a GPU, 0 in the simulator."""
-    if simulated():
-        return 0
-    import cupy
-    return cuda.external_stream(cupy.cuda.get_current_stream().ptr)
+    return _CUDA.launch_stream()
 
 
 def launch_config(n, threads=THREADS_PER_BLOCK):

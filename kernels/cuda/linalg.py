@@ -44,7 +44,7 @@ import numpy as np
 from numba import cuda
 from numba import types as nbtypes
 
-from ...backends import cuda as _settings
+from ..settings import cuda as _settings
 from ..registry import register
 from ._memory import empty, launch_config, simulated, stream
 from .elementwise import _coalesce, _describe, _element_strides, _span

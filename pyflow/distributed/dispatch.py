@@ -29,6 +29,8 @@ gradient would have no SBP.
 """
 from pyflow._hooks import HOOKS
 from pyflow.autograd import Context, Function
+from pyflow.ops.creation import zeros
+from pyflow.ops.elementwise import mul
 from pyflow.tensor import Tensor
 
 from . import boxing as _boxing
@@ -241,7 +243,6 @@ def backward_global(g, grads):
     its output's SBP (a local gradient is taken as that piece already), each input
     gradient labelled with the dual of its input's SBP.  Returns one entry per
     argument of the op (None for non-tensors)."""
-    from pyflow.ops.creation import zeros
     local_grads = []
     for grad, sbp, (shape, dtype, device) in zip(grads, g.out_sbps, g.out_pieces):
         if grad is None:
@@ -282,7 +283,6 @@ def _scale(g):
 
 
 def _times(t, f):
-    from pyflow.ops.elementwise import mul
     return mul(t, f)
 
 

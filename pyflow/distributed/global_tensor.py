@@ -26,7 +26,7 @@ API (OneFlow's): ``t.to_global(placement, sbp)``, ``t.to_local()``,
   bitwise (0.0 and -0.0 differ, equal NaNs agree).
 * **global -> global** (same placement) is eager boxing (``boxing.box``, N-D
   too); a new placement (other ranks, other order, other hierarchy) moves the
-  data by send/recv (``_move``: box to broadcast on the source, then each
+  data by send/recv (``placement_change.py``: box to broadcast on the source, then each
   destination rank that lacks the data receives only its piece).
 * Both are differentiable: the logical value is unchanged, so the backward of
   ``src -> dst`` is the boxing ``dst -> src`` of the gradient, and the backward
@@ -45,36 +45,18 @@ import numpy as np
 from pyflow import dtypes as _dt
 from pyflow.autograd import Function, is_grad_enabled
 from pyflow.ops._method import tensor_method
+from pyflow.ops.creation import randn, tensor
 from pyflow.tensor import Tensor
 
 from . import boxing as _boxing
+from .pieces import DTYPE_CODES, dual, empty_piece, label, local_alias
 from .placement import placement as Placement
+from .placement_change import _PlacementChange, move_header
 from .sbp import as_sbp_tuple, broadcast, partial_sum
 
-__all__ = ["to_global", "to_local", "randn_global", "logical_shape", "distribute_like"]
-
 _DESC_DIMS = 8               # shape dims compared exactly (the tail by its product)
-_DTYPE_CODES = {d.name: i for i, d in enumerate(_dt.ALL)}
 
-def label(t, placement, sbp, logical_shape):
-    """Mark ``t`` (a local Tensor object holding this rank's piece) as global."""
-    t._placement, t._sbp, t._logical_shape = placement, tuple(sbp), tuple(logical_shape)
-    return t
-
-
-def local_alias(t):
-    """A plain local tensor over ``t``'s piece (a view: same storage and version)."""
-    return Tensor._make(t._data, t.dtype, t.device, base=t)
-
-
-def dual(sbp):
-    """The SBP of the gradient of a tensor with SBP ``sbp`` (S -> S, B -> P, P -> B)."""
-    if sbp == broadcast:
-        return partial_sum
-    if sbp == partial_sum:
-        return broadcast
-    return sbp
-
+__all__ = ["to_global", "to_local", "randn_global", "logical_shape", "distribute_like"]
 
 # ---------------------------------------------------------------- autograd wrappers
 # Gradients of global tensors follow dispatch.py's rule: a gradient is itself a
@@ -148,7 +130,7 @@ def _descriptor(x, with_crc):
     if len(shape) > _DESC_DIMS:
         shape = shape[:_DESC_DIMS - 1] + (int(np.prod(shape[_DESC_DIMS - 1:])),)
     desc = np.full(3 + _DESC_DIMS, -1, np.int64)
-    desc[0], desc[1] = _DTYPE_CODES[x.dtype.name], x.ndim
+    desc[0], desc[1] = DTYPE_CODES[x.dtype.name], x.ndim
     desc[2:2 + len(shape)] = shape
     if with_crc:
         host = x._data if x.device.type == "cpu" else x.to("cpu")._data
@@ -160,7 +142,6 @@ def _check_pieces(x, comm, sbp, check, placement=None):
     """Raise ValueError on every rank of ``comm`` unless the pieces fit ``sbp`` (one
     SBP, or a tuple for ``placement``'s axes): same dtype and shape everywhere and,
     with ``check``, bitwise equal pieces along every broadcast axis (by CRC32)."""
-    from pyflow.ops.creation import tensor
     sbp = tuple(sbp) if isinstance(sbp, (tuple, list)) else (sbp,)
     hierarchy = placement.hierarchy if placement is not None else (comm.size,)
     ranks = placement.flat_ranks if placement is not None else list(range(comm.size))
@@ -199,122 +180,6 @@ def _check_pieces(x, comm, sbp, check, placement=None):
         ". Convert with partial_sum or split to keep every rank's data, or make them equal")
 
 
-# ---------------------------------------------------------------- placement changes
-# Tags of the point-to-point messages of a placement change (world communicator).
-_MOVE_META_TAG, _MOVE_DATA_TAG = 32001, 32002
-_MOVE_META_LEN = 3 + 64
-
-
-def _is_zero_piece(sbp, coords):
-    return any(s == partial_sum and c != 0 for s, c in zip(sbp, coords))
-
-
-def _senders(src, dst):
-    """{destination rank outside ``src``: the source rank that feeds it} (round-robin)."""
-    src_ranks = src.flat_ranks
-    receivers = [r for r in dst.flat_ranks if r not in src_ranks]
-    return {r: src_ranks[k % len(src_ranks)] for k, r in enumerate(receivers)}
-
-
-def _move_header(x, dst, requires_grad):
-    """(logical shape, dtype, requires_grad) of global tensor ``x`` on every rank of
-    its placement and of ``dst`` (a 67-int64 message to each destination rank
-    outside the source); None elsewhere."""
-    from pyflow.comm import world
-    from pyflow.ops.creation import tensor, zeros
-    src, me = x._placement, world().rank
-    senders = _senders(src, dst)
-    if src.comm is not None:
-        shape = tuple(x._logical_shape)
-        if len(shape) > _MOVE_META_LEN - 3:
-            raise ValueError(f"to_global: a placement change supports up to "
-                             f"{_MOVE_META_LEN - 3} dims, got shape {shape}")
-        header = np.zeros(_MOVE_META_LEN, np.int64)
-        header[:3] = _DTYPE_CODES[x.dtype.name], requires_grad, len(shape)
-        header[3:3 + len(shape)] = shape
-        works = [world().isend(tensor(header), r, _MOVE_META_TAG)
-                 for r, s in senders.items() if s == me]
-        for w in works:
-            w.wait()
-        return shape, x.dtype, requires_grad
-    if me in senders:
-        header = world().recv(zeros(_MOVE_META_LEN, dtype=_dt.int64), senders[me],
-                              _MOVE_META_TAG)._data
-        return (tuple(int(v) for v in header[3:3 + header[2]]), _dt.ALL[int(header[0])],
-                bool(header[1]))
-    return None, None, False
-
-
-def _move(x, src, src_sbp, dst, dst_sbp, shape, dtype):
-    """Move a global tensor of logical ``shape`` and ``dtype`` from (``src``,
-    ``src_sbp``) to (``dst``, ``dst_sbp``); ``x`` is this rank's piece as a
-    *local* tensor.  Returns the new piece, or None on ranks outside ``dst``.
-
-    1. On ``src``: box to broadcast on every axis, so each source rank holds the
-       whole tensor (``describe_nd(src_sbp -> B...)`` bytes per source rank).
-    2. A ``dst`` rank that is also in ``src`` cuts its piece out locally; every
-       other ``dst`` rank receives *only its piece* (its local-shape bytes;
-       nothing for a partial_sum zero piece) from one source rank, the source
-       ranks taking the receivers round-robin (``isend``/``recv`` on the world).
-    Collective over the ranks of both placements (and no one else)."""
-    from pyflow.comm import world
-    from pyflow.ops.creation import zeros
-    w = world()
-    me = w.rank
-    senders = _senders(src, dst)
-    full, works = None, []
-    if src.comm is not None:
-        full = _boxing.box(x, src, src_sbp, (broadcast,) * src.ndim)
-        for r, s in senders.items():
-            coords = dst.coords(r)
-            if s == me and not _is_zero_piece(dst_sbp, coords):
-                piece = _boxing.slice_piece(full, dst, dst_sbp, coords).contiguous()
-                works.append(w.isend(piece, r, _MOVE_DATA_TAG))
-    out = None
-    if dst.comm is not None:
-        coords = dst.coords(me)
-        if full is not None:
-            out = _boxing.slice_piece(full, dst, dst_sbp, coords)
-        else:
-            out = zeros(_boxing.local_shape(shape, dst, dst_sbp, fn="to_global"), dtype=dtype,
-                        device=dst.type)
-            if not _is_zero_piece(dst_sbp, coords):
-                w.recv(out, senders[me], _MOVE_DATA_TAG)
-    for work in works:
-        work.wait()
-    return out
-
-
-class _PlacementChange(Function):
-    """Same logical value on another placement (and maybe another SBP).  Backward:
-    the reverse change of the gradient, which arrives on ``dst`` in its own SBP (a
-    local gradient is the piece of the dual layout) and leaves on ``src`` in the
-    dual of ``src_sbp``.  Both directions are collective over both placements:
-    every rank of them must run the backward (a rank whose piece is empty too;
-    ``to_global`` gives a destination rank outside the source a stand-in input
-    that requires grad, so it records this node when the source requires grad)."""
-    handles_global = True
-
-    @staticmethod
-    def forward(ctx, x, src, src_sbp, dst, dst_sbp, shape, dtype):
-        out = _move(local_alias(x), src, src_sbp, dst, dst_sbp, shape, dtype)
-        ctx.meta = (src, src_sbp, dst, dst_sbp, shape, dtype)
-        if out is None:
-            return label(_empty(x), dst, dst_sbp, ())
-        return label(out, dst, dst_sbp, shape)
-
-    @staticmethod
-    def backward(ctx, grad):
-        src, src_sbp, dst, dst_sbp, shape, dtype = ctx.meta
-        g_sbp = grad._sbp if grad._placement is not None else tuple(dual(s) for s in dst_sbp)
-        want = tuple(dual(s) for s in src_sbp)
-        g = _move(local_alias(grad), dst, g_sbp, src, want, shape, grad.dtype)
-        nones = (None,) * 6
-        if g is None:
-            return (label(_empty(grad), src, want, ()),) + nones
-        return (label(g, src, want, shape),) + nones
-
-
 # ---------------------------------------------------------------- the API
 @tensor_method("to_global")
 def to_global(self, placement=None, sbp=None, *, check=True):
@@ -322,7 +187,7 @@ def to_global(self, placement=None, sbp=None, *, check=True):
     From a local tensor both are required and this rank's tensor is its piece;
     from a global tensor a missing argument keeps the current one, a new sbp
     means boxing (``boxing.box``) and a new placement a move by send/recv
-    (``_move``).  Collective over the placement's ranks (both placements' for a
+    (``placement_change.py``).  Collective over the placement's ranks (both placements' for a
     move; and, the first time a placement is used, the world)."""
     if placement is not None and not isinstance(placement, Placement):
         raise TypeError(f"to_global: placement must be a pyflow.placement, got {placement!r}")
@@ -334,7 +199,7 @@ def to_global(self, placement=None, sbp=None, *, check=True):
         comm = placement.comm
         x = self if self.device.type == placement.type else self.to(placement.type)
         if comm is None:
-            return label(_empty(x), placement, sbp, ())
+            return label(empty_piece(x), placement, sbp, ())
         shape = _boxing.logical_shape_of(x.shape, placement, sbp, "to_global")
         _check_pieces(x, comm, sbp, check, placement)
         return label(_LocalToGlobal.apply(x, sbp), placement, sbp, shape)
@@ -343,7 +208,7 @@ def to_global(self, placement=None, sbp=None, *, check=True):
         sbp = self._sbp if sbp is None else as_sbp_tuple(sbp, placement.ndim)
         comm = placement.comm
         if comm is None:
-            return label(_empty(self), placement, sbp, ())
+            return label(empty_piece(self), placement, sbp, ())
         _boxing.local_shape(self._logical_shape, placement, sbp, fn="to_global")
         return _Boxing.apply(self, placement, self._sbp, sbp)
     if placement.type != self._placement.type:
@@ -358,13 +223,13 @@ def to_global(self, placement=None, sbp=None, *, check=True):
     sbp = self._sbp if sbp is None else as_sbp_tuple(sbp, placement.ndim)
     if self._placement.comm is not None:
         _boxing.local_shape(self._logical_shape, placement, sbp, fn="to_global")
-    shape, dtype, needs_grad = _move_header(self, placement,
+    shape, dtype, needs_grad = move_header(self, placement,
                                             self.requires_grad and is_grad_enabled())
     x = self
     if needs_grad and not self.requires_grad and is_grad_enabled():
         # A destination rank outside the source: record the node here too, so the
         # backward (collective) runs on every rank that the forward involved.
-        x = label(_empty(self).requires_grad_(), self._placement, self._sbp, ())
+        x = label(empty_piece(self).requires_grad_(), self._placement, self._sbp, ())
     return _PlacementChange.apply(x, self._placement, self._sbp, placement, sbp, shape, dtype)
 
 
@@ -387,11 +252,6 @@ def logical_shape(t):
     return t._logical_shape
 
 
-def _empty(x):
-    from pyflow.ops.creation import empty
-    return empty(0, dtype=x.dtype, device=x.device)
-
-
 Tensor.placement = property(lambda t: t._placement,
                             doc="The placement of a global tensor (None for a local one).")
 Tensor.sbp = property(lambda t: t._sbp,
@@ -406,14 +266,13 @@ def randn_global(*size, placement, sbp, generator=None, dtype=None, requires_gra
     the whole tensor and keeps its piece (``boxing.slice_piece``: costs the full
     draw on every rank, and advances every rank's generator the same way).  On a
     ``partial_sum`` axis coordinate 0 holds the values and the others zeros."""
-    from pyflow.ops.creation import randn
     if not isinstance(placement, Placement):
         raise TypeError(f"randn_global: placement must be a pyflow.placement, got {placement!r}")
     sbp = as_sbp_tuple(sbp, placement.ndim, fn="randn_global")
     full = randn(*size, generator=generator, dtype=dtype, device=placement.type)
     comm = placement.comm
     if comm is None:
-        piece = _empty(full)
+        piece = empty_piece(full)
     else:
         _boxing.local_shape(full.shape, placement, sbp, fn="randn_global")
         piece = full if all(s == broadcast for s in sbp) else \

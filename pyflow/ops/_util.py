@@ -6,10 +6,9 @@ import os
 import numpy as np
 
 from .. import dtypes as _dt
-from ..device import CPU
+from ..device import CPU, backend_of_array
 from ..distributed.sbp import broadcast
 from ..kernels import registry
-from ..kernels.cpu.cast import float32_to_bfloat16
 from ..tensor import Tensor
 
 kernel = registry.get
@@ -20,22 +19,22 @@ def wrap(arr, dtype, device=CPU):
     if arr.dtype != dtype.storage:
         if device.type != "cpu":
             arr = kernel("cast", device.type)(arr, _dt.from_numpy(arr.dtype), dtype)
-        elif dtype is _dt.bfloat16:
-            arr = float32_to_bfloat16(arr)
+        elif dtype is _dt.bfloat16:     # rounds to bfloat16 words (whatever arr's float type)
+            arr = kernel("cast", "cpu")(arr, _dt.float32, dtype)
         else:
             arr = arr.astype(dtype.storage)
     return Tensor._make(arr, dtype, device)
 
 
 def array_module(data):
-    """The array module of ``data``: numpy for host arrays; for device arrays
-    cupy on a GPU, or its strict stand-in under numba's simulator (see
-    kernels/cuda/_simarray.py).  Ops that do array math on tensor data write
-    ``xp = array_module(t._data)`` and ``xp.where(...)`` so it runs where the data is."""
-    if type(data) is np.ndarray or isinstance(data, (np.generic, numbers.Number)):
+    """The array module of ``data``'s memory, as its device backend says
+    (pyflow/device.py): numpy for host data; for device arrays cupy on a GPU, or
+    its strict stand-in under numba's simulator.  Ops that do array math on tensor
+    data write ``xp = array_module(t._data)`` and ``xp.where(...)`` so it runs
+    where the data is."""
+    if type(data) is np.ndarray:          # the common case, without a call
         return np
-    from ..kernels.cuda._memory import array_module as module_of
-    return module_of(data)
+    return backend_of_array(data).xp
 
 
 def as_array(arr, dtype=None):

@@ -4,14 +4,13 @@ import numbers
 
 import numpy as np
 
-from .._hooks import recordable
 from .. import dtypes as _dt
+from .._hooks import recordable
 from ..device import as_device, check_available, get_default_device, placed
+from ..distributed.sbp import broadcast, partial_sum
 from ..random import fill as random_fill, generator_of
 from ..tensor import Tensor
 from ._util import check_array_fits, check_scalar_fits, kernel, shape_arg, wrap
-from ..distributed.sbp import broadcast, partial_sum
-from ..kernels.cpu.cast import float32_to_bfloat16
 
 __all__ = ["tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange",
            "linspace", "eye", "rand", "randn", "randint", "randperm", "zeros_like", "ones_like",
@@ -237,7 +236,7 @@ def _store_as(dtype):
     storage, rounding through float32 for the half types as their compute dtype
     does (so the numbers equal ``draws.astype(compute)`` stored)."""
     if dtype is _dt.bfloat16:
-        return lambda piece: float32_to_bfloat16(piece.astype(np.float32))
+        return lambda piece: kernel("cast", "cpu")(piece.astype(np.float32), _dt.float32, dtype)
     if dtype is _dt.float16:
         return lambda piece: piece.astype(np.float32)
     return None

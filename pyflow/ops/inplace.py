@@ -13,10 +13,9 @@ import numpy as np
 from .. import _hooks
 from .. import dtypes as _dt
 from ..autograd import is_grad_enabled
-from ..kernels.cpu.cast import float32_to_bfloat16
 from ..tensor import Tensor
 from ._method import tensor_method
-from ._util import check_scalar_fits, check_tensor
+from ._util import check_scalar_fits, check_tensor, kernel
 from .shape import Clone, clone, expand
 
 __all__ = ["zero_", "fill_", "copy_"]
@@ -82,7 +81,7 @@ def fill_(input, value):
     else:
         check_scalar_fits(value, input.dtype, "fill_")
     if input.dtype is _dt.bfloat16:
-        value = float32_to_bfloat16(np.float32(value)).item()
+        value = kernel("cast", "cpu")(np.asarray(value, np.float32), _dt.float32, _dt.bfloat16).item()
     input._data[...] = value
     input._version[0] += 1
     return input

@@ -39,14 +39,15 @@ wait is in place:
     record(stream) -> event an event after the work enqueued on ``stream``
     wait(stream, event)     later work on ``stream`` waits for ``event``
 """
+from ..device import backend_of
+
 
 
 class CudaCompletion:
     """The device object for a real GPU, through CuPy's streams and events."""
 
     def __init__(self):
-        import cupy
-        self._cuda = cupy.cuda
+        self._cuda = backend_of("cuda").xp.cuda     # cupy.cuda
         self._streams = {}
 
     def current(self):
@@ -76,7 +77,7 @@ def completion_for(devices):
     finish before their launch returns."""
     if not any(getattr(d, "type", d) == "cuda" for d in devices):
         return None
-    from .. import cuda
-    if cuda.simulated() or not cuda.is_available():
+    cuda = backend_of("cuda")
+    if cuda.simulated or cuda.unavailable_reason() is not None:
         return None
     return CudaCompletion()

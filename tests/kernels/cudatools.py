@@ -18,8 +18,19 @@
   numba-cuda's private ``_compile_pyfunc_with_fixup``, the first half of
   ``numba.cuda.compile``; with a numba-cuda that lacks it, each cc is compiled
   separately instead, which is slower but checks the same.
+- ``kernel_bodies(path)`` and ``cuda_kernel_modules()``: the CUDA kernels
+  written in ``kernels/cuda/*.py``, found in the source, so the PTX coverage
+  test (tests/test_op_coverage.py) sees a new kernel without a list to edit.
+- ``spec_modules()``: the ``kernels/cuda`` modules that list their kernels in
+  ``kernel_specs()`` as (label, plain function, numba signature);
+  test_cuda_rows_ptx.py compiles every one of them.
 """
+import ast
+import importlib
+import inspect
 import os
+import pathlib
+import pkgutil
 import subprocess
 import sys
 import types
@@ -27,6 +38,8 @@ import types
 import numba.cuda.compiler as cuda_compiler
 import numba.cuda.dispatcher as cuda_dispatcher
 from numba import cuda
+
+import pyflow.kernels.cuda as cuda_kernels
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CCS = [(8, 0), (9, 0)]
@@ -74,3 +87,66 @@ def compile_ptx_all(kernel, signature, monkeypatch, ccs=CCS):
         _check_target(codes[0], cc)
         ptxes[cc] = codes[0]
     return ptxes
+
+
+# ------------------------------------------------------------------ discovery
+# Attributes only code running on a GPU thread reads.
+_THREAD_INDEX = {"grid", "gridsize", "threadIdx", "blockIdx", "blockDim", "gridDim"}
+
+
+def _own_nodes(fn):
+    """The nodes of function ``fn``'s body, not those of functions nested in it."""
+    stack = [n for n in fn.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack += [c for c in ast.iter_child_nodes(node)
+                  if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+
+
+def kernel_bodies(path):
+    """The CUDA kernels written in the source file ``path``: [(name, first line)].
+
+    A kernel is a function (at any nesting: most are made by factories) that
+    reads ``cuda.grid``/``cuda.threadIdx``/... and returns no value: numba
+    refuses a kernel that returns one, while the device functions that read
+    thread indices (block reductions) return their result.  The first line is
+    the one Python gives ``fn.__code__.co_firstlineno`` (a decorator's, if any).
+    Kernels generated from source text at run time (elementwise.py, fused.py)
+    are not in the file; their generators have their own PTX tests over every op.
+    """
+    found = []
+    for fn in ast.walk(ast.parse(pathlib.Path(path).read_text(), str(path))):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        nodes = list(_own_nodes(fn))
+        reads_index = any(isinstance(n, ast.Attribute) and n.attr in _THREAD_INDEX
+                          and isinstance(n.value, ast.Name) and n.value.id == "cuda"
+                          for n in nodes)
+        returns_value = any(isinstance(n, ast.Return) and n.value is not None for n in nodes)
+        if reads_index and not returns_value:
+            first = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
+            found.append((fn.name, first))
+    return found
+
+
+def cuda_kernel_modules():
+    """{module short name: path} of every ``kernels/cuda`` module that holds
+    kernels (the ``_``-prefixed ones are memory and simulator helpers)."""
+    base = pathlib.Path(cuda_kernels.__file__).parent
+    return {info.name: base / f"{info.name}.py" for info in pkgutil.iter_modules([str(base)])
+            if not info.name.startswith("_")}
+
+
+def spec_modules():
+    """{short name: module} of the ``kernels/cuda`` modules whose ``kernel_specs()``
+    lists (label, plain Python function, numba signature) triples.  (reduce.py's
+    ``kernel_specs()`` lists reduction specs instead; test_cuda_reduce_ptx.py
+    turns them into kernels.)"""
+    found = {}
+    for name in cuda_kernel_modules():
+        module = importlib.import_module(f"{cuda_kernels.__name__}.{name}")
+        specs = getattr(module, "kernel_specs", None)
+        if specs is not None and all(inspect.isfunction(fn) for _, fn, _ in specs()):
+            found[name] = module
+    return found

@@ -104,6 +104,11 @@ def _specs():
 SPECS = _specs()
 
 
+def ptx_kernels():
+    """The plain kernel functions this file compiles (for tests/test_op_coverage.py)."""
+    return [fn for _, fn, _ in SPECS]
+
+
 @pytest.mark.parametrize("label", [s[0] for s in SPECS])
 def test_kernel_compiles_to_ptx(label, monkeypatch):
     fn, sig = next((f, s) for lab, f, s in _specs() if lab == label)   # fresh device functions

@@ -25,6 +25,14 @@ def _gemm_specs():
     return specs
 
 
+def ptx_kernels():
+    """The plain kernel functions this file compiles (for tests/test_op_coverage.py)."""
+    fns = [linalg.gemm_function(*spec) for spec in _gemm_specs()]
+    fns += [fn for module in (conv, pool) for dtype in conv.DTYPES
+            for fn, _ in module.signatures(dtype).values()]
+    return fns + [linalg._add_rows_function()]
+
+
 @pytest.mark.parametrize("spec", _gemm_specs(),
                          ids=lambda s: f"{s[0].name}-{s[1].BM}x{s[1].BN}-{int(s[2])}{int(s[3])}"
                                        f"{'-bias' if s[4] else ''}")

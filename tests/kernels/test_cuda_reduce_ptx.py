@@ -29,6 +29,15 @@ SCANS = [(np.float64, np.float32, np.float32), (np.int64, np.int64, np.uint8),
          (np.int64, np.int64, np.int32), (np.float64, np.float64, np.float64)]
 
 
+def ptx_kernels():
+    """The plain kernel functions this file compiles (for tests/test_op_coverage.py)."""
+    fns = [cr.kernel_function(spec, "row") for _, spec, _ in SPECS]
+    fns += [cr.kernel_function(SPECS[IDS.index(label)][1], shape, partial)
+            for label in TEMPLATE_SPECS for shape, partial in SHAPES]
+    return fns + [cr.scan_kernel_function(acc, out, shape)
+                  for shape in ("row", "column") for acc, out, _ in SCANS]
+
+
 @pytest.mark.parametrize("label,spec,dtype", SPECS, ids=IDS)
 def test_row_kernel_of_every_spec_compiles(label, spec, dtype, monkeypatch):
     compile_ptx_all(cr.kernel_function(spec, "row"), cr.kernel_signature(spec, "row", dtype),

@@ -1,20 +1,34 @@
-"""Every CUDA row kernel (softmax, normalization, loss) compiles to PTX for sm_80 and sm_90.
+"""Every CUDA kernel listed in a module's ``kernel_specs()`` compiles to PTX for
+sm_80 and sm_90: the row kernels (softmax, normalization, loss) and any new
+``kernels/cuda`` module that lists its kernels the same way, found by
+``cudatools.spec_modules()`` (no list here to edit).
 
 ``numba.cuda.compile_ptx`` needs no GPU, so this catches what the simulator
 cannot: typing errors in compiled code, real warp shuffles (the simulator has
 none and runs a Python stand-in), and float32 kernels quietly computing in
-float64 (2x-64x slower on a GPU).  Each module's ``kernel_specs()`` lists its
-kernels with fresh device functions and their numba signatures.
+float64 (2x-64x slower on a GPU).  ``kernel_specs()`` returns
+``[(label, plain Python function, numba signature)]``, with fresh device
+functions; a label that says ``float32`` promises no float64 instruction.
 """
 import numpy as np
 import pytest
 
-from pyflow.kernels.cuda import loss, normalization, softmax
-from tests.kernels.cudatools import compile_ptx_all
+from pyflow.kernels.cuda import softmax
+from tests.kernels.cudatools import compile_ptx_all, spec_modules
 
-SPECS = [(module.__name__.rsplit(".", 1)[1], label)
-         for module in (softmax, normalization, loss) for label, _, _ in module.kernel_specs()]
-MODULES = {"softmax": softmax, "normalization": normalization, "loss": loss}
+MODULES = spec_modules()
+SPECS = [(name, label) for name, module in MODULES.items() for label, _, _ in module.kernel_specs()]
+# the row kernels whose labels name the ones built on a block reduction
+ROW_MODULES = ("softmax", "normalization", "loss")
+
+
+def ptx_kernels():
+    """The plain kernel functions this file compiles (for tests/test_op_coverage.py)."""
+    return [fn for module in MODULES.values() for _, fn, _ in module.kernel_specs()]
+
+
+def test_the_row_modules_are_found():
+    assert set(ROW_MODULES) <= set(MODULES), sorted(MODULES)
 
 
 def _spec(module, label):
@@ -27,9 +41,9 @@ def _spec(module, label):
 @pytest.mark.parametrize("module,label", SPECS, ids=[f"{m}:{l}" for m, l in SPECS])
 def test_row_kernel_compiles_to_ptx(module, label, monkeypatch):
     fn, signature = _spec(module, label)
-    block_reduction = any(k in label for k in ("rows", "layer_norm_forward", "cross_entropy",
-                                                "channel_stats", "batch_norm_backward",
-                                                "backward_dx"))
+    block_reduction = module in ROW_MODULES and any(
+        k in label for k in ("rows", "layer_norm_forward", "cross_entropy", "channel_stats",
+                             "batch_norm_backward", "backward_dx"))
     for (major, minor), ptx in compile_ptx_all(fn, signature, monkeypatch).items():
         sm = f"sm_{major}{minor}"
         if "float32" in label:   # float32 data never computed in float64
