@@ -11,7 +11,6 @@ prints ``N checks, F failures``.
 import os
 import subprocess
 import sys
-import traceback
 
 import numpy as np
 import pytest
@@ -145,24 +144,12 @@ def test_simulated_cuda_backend():
 
 
 # ----------------------------------------------------------------------------- child process
-CHECKS, FAILURES = [0], []
-
-
-def check(name):
-    def run(fn):
-        CHECKS[0] += 1
-        try:
-            fn()
-        except Exception:                       # noqa: BLE001 (reported, then counted)
-            FAILURES.append(name)
-            print(f"FAIL {name}\n{traceback.format_exc()}")
-        return fn
-    return run
-
-
 def main():
     sys.path.insert(0, ROOT)
     import gc
+
+    from tests.kernels.cudatools import Checks
+    check = Checks()
 
     import pyflow as pf
     from pyflow._simarray import SIM_NUMPY, SimulatedDeviceArray
@@ -244,8 +231,7 @@ def main():
         assert _memory.array_module(dev) is SIM_NUMPY and _memory.array_module(1.0) is np
         assert type(_memory.to_host(dev)) is np.ndarray
 
-    print(f"{CHECKS[0]} checks, {len(FAILURES)} failures")
-    return 1 if FAILURES else 0
+    return check.report()
 
 
 if __name__ == "__main__":

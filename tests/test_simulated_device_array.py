@@ -8,7 +8,6 @@ prints ``N checks, F failures``.
 import os
 import pickle
 import sys
-import traceback
 
 import numpy as np
 import pytest
@@ -33,21 +32,6 @@ def test_cpu_storage_check_accepts_host_arrays():
 
 
 # ----------------------------------------------------------------------------- child process
-CHECKS, FAILURES = [0], []
-
-
-def check(name):
-    def run(fn):
-        CHECKS[0] += 1
-        try:
-            fn()
-        except Exception:                       # noqa: BLE001 (reported, then counted)
-            FAILURES.append(name)
-            print(f"FAIL {name}\n{traceback.format_exc()}")
-        return fn
-    return run
-
-
 def raises(exc, fn, match):
     try:
         fn()
@@ -67,6 +51,9 @@ def _double(x, y):
 def main():
     sys.path.insert(0, os.path.dirname(HERE))
     import numba
+
+    from tests.kernels.cudatools import Checks
+    check = Checks()
 
     import pyflow as pf
     from pyflow.kernels.cuda import _memory
@@ -201,8 +188,7 @@ def main():
         assert u.device.type == "cuda" and u.requires_grad and type(u._data) is SimulatedDeviceArray
         np.testing.assert_array_equal(u.detach().cpu().numpy(), x)
 
-    print(f"{CHECKS[0]} checks, {len(FAILURES)} failures")
-    return 1 if FAILURES else 0
+    return check.report()
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import pathlib
 import pkgutil
 import subprocess
 import sys
+import traceback
 import types
 
 import numba.cuda.compiler as cuda_compiler
@@ -43,6 +44,32 @@ import pyflow.kernels.cuda as cuda_kernels
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CCS = [(8, 0), (9, 0)]
+
+
+class Checks:
+    """Named checks of a simulator child process (``run_in_simulator``): each
+    runs at once; a failure is printed with its traceback and counted instead
+    of raised, so one run reports every case.  ``@check("name")`` on a function
+    runs it; ``check.report()`` prints the "N checks, M failures" line that
+    ``run_in_simulator`` reads and returns the exit status."""
+
+    def __init__(self):
+        self.count, self.failures = 0, []
+
+    def __call__(self, name):
+        def run(fn):
+            self.count += 1
+            try:
+                fn()
+            except Exception:                       # noqa: BLE001 (reported, then counted)
+                self.failures.append(name)
+                print(f"FAIL {name}\n{traceback.format_exc()}")
+            return fn
+        return run
+
+    def report(self):
+        print(f"{self.count} checks, {len(self.failures)} failures")
+        return 1 if self.failures else 0
 
 
 def run_in_simulator(script, timeout=600):
