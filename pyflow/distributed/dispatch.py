@@ -1,6 +1,13 @@
 """Ops on global tensors: deduce an SBP signature, box the inputs, run the op on
 the pieces, label the outputs.
 
+Eager mode does all four at every call (``forward_global``); a compiled
+graph does the first two once, at compile time (``pyflow.graph.passes.sbp``:
+the signature kept in the node, ``box`` nodes before it), and its steps run
+only the last two (``forward_pieces``, and ``backward_pieces`` for the
+backward).  Both paths share those functions, so there is one implementation
+of running an op on pieces.
+
 ``Function.apply`` sends every call that has a global tensor argument here
 (``apply_global``).  For each placement axis the op's rule
 (``signatures.py``) lists the signatures it can run under; the one whose
