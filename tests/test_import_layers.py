@@ -170,3 +170,16 @@ def test_the_checker_sees_cycles_and_upward_imports():
         layer_of("pyflow.nn.modules.linear")
     assert layer_of("pyflow.distributed.sbp") < layer_of("pyflow.tensor") < \
         layer_of("pyflow.distributed.dispatch")
+
+
+def test_import_pyflow_starts_neither_mpi_nor_numba():
+    """``import pyflow`` stays cheap: MPI (``mpi4py.MPI`` runs MPI_Init, ~1 s)
+    and numba (~0.5 s) load on first use, so a module that needs them imports
+    them inside the function that does (the layer rules still hold there)."""
+    import subprocess
+    import sys
+    code = ("import sys, pyflow; "
+            "print(sorted(m for m in ('mpi4py.MPI', 'numba', 'cupy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.strip()
+    assert out == "[]", f"import pyflow loaded {out}"

@@ -1,6 +1,13 @@
 """Ops on global tensors: deduce an SBP signature, box the inputs, run the op on
 the pieces, label the outputs.
 
+Eager mode does all four at every call (``forward_global``); a compiled
+graph does the first two once, at compile time (``pyflow.graph.passes.sbp``:
+the signature kept in the node, ``box`` nodes before it), and its steps run
+only the last two (``forward_pieces``, and ``backward_pieces`` for the
+backward).  Both paths share those functions, so there is one implementation
+of running an op on pieces.
+
 ``Function.apply`` sends every call that has a global tensor argument here
 (``apply_global``).  For each placement axis the op's rule
 (``signatures.py``) lists the signatures it can run under; the one whose
@@ -27,6 +34,9 @@ A local tensor among the arguments of a global op is taken as replicated
 (masks, ``arange``) are.  A local tensor that requires grad is refused: its
 gradient would have no SBP.
 """
+import contextlib
+import threading
+
 from pyflow._hooks import HOOKS
 from pyflow.autograd import Context, Function
 from pyflow.ops.creation import zeros
@@ -39,7 +49,8 @@ from .sbp import broadcast
 from .signatures import elementwise_rule, rule_for
 
 __all__ = ["run_forward", "run_backward", "apply_global", "forward_global", "backward_global",
-           "GlobalContext", "dual", "label", "GlobalElementwise"]
+           "forward_pieces", "backward_pieces", "out_sbps", "GlobalContext", "dual", "label",
+           "GlobalElementwise", "recording_signatures", "replaying"]
 
 
 def _axis_sizes(placement):
@@ -95,13 +106,13 @@ def choose(fn_class, args, tensors, sbps, sizes):
     key = _key(fn_class, args, sbps, sizes)
     chosen = _CHOSEN.get(key) if key is not None else None
     if chosen is None:
-        chosen = _choose(fn_class, args, tensors, sbps, sizes)
+        chosen = deduce(fn_class, args, tensors, sbps, sizes)
         if key is not None and len(_CHOSEN) < 100_000:
             _CHOSEN[key] = chosen
     return chosen
 
 
-def _choose(fn_class, args, tensors, sbps, sizes):
+def deduce(fn_class, args, tensors, sbps, sizes):
     cands = rule_for(fn_class)(args)
     chosen = []
     for axis, n in enumerate(sizes):
@@ -163,6 +174,7 @@ class GlobalContext:
         self.needs_input_grad = None
         self.non_differentiable = ()
         self.boxings = []               # (argument, from sbp, to sbp, shape, dtype)
+        self.replayed = False           # run by a graph node under its recorded signature
 
 
 def _placement_of(fn_class, args):
@@ -182,14 +194,12 @@ def _placement_of(fn_class, args):
     return placement
 
 
-def forward_global(fn_class, args, kwargs):
-    """Deduce, box the inputs, run ``fn_class.forward`` on the pieces, label the
-    outputs.  Returns ``(outputs, GlobalContext)``.  The boxing is not recorded
-    by autograd: it keeps the logical value, so the gradient that
-    ``backward_global`` returns for a boxed input is a gradient of the original."""
+def _globals_of(fn_class, args):
+    """``(placement, tensors, positions)`` of a call with a global argument: the
+    tensor arguments (a local one labelled replicated, a view) and their positions."""
     placement = _placement_of(fn_class, args)
-    sizes = _axis_sizes(placement)
-    tensors, positions, sbps = [], [], []
+    whole = (broadcast,) * len(_axis_sizes(placement))
+    tensors, positions = [], []
     for i, a in enumerate(args):
         if isinstance(a, Tensor):
             if a._placement is None:
@@ -198,20 +208,61 @@ def forward_global(fn_class, args, kwargs):
                         f"{fn_class.__name__}: argument {i} is a local tensor that requires "
                         f"grad, mixed with global tensors; make it global first with "
                         f".to_global(placement, sbp)")
-                a = label(local_alias(a), placement, (broadcast,) * len(sizes), a.shape)
+                a = label(local_alias(a), placement, whole, a.shape)
             tensors.append(a)
             positions.append(i)
-            sbps.append(a._sbp)
-    chosen = choose(fn_class, args, tensors, sbps, sizes)
-    g = GlobalContext(fn_class, positions, chosen, placement, sizes)
-    g.n_args = len(args)
-    local = list(args)
-    g.in_sbps, g.in_shapes, g.boxings = [], [], []
+    return placement, tensors, positions
+
+
+def forward_global(fn_class, args, kwargs):
+    """The eager SBP dispatch: deduce (``choose``), box the inputs, then
+    ``forward_pieces``.  Returns ``(outputs, GlobalContext)``.  The boxing is not
+    recorded by autograd: it keeps the logical value, so the gradient that
+    ``backward_global`` returns for a boxed input is a gradient of the original.
+    A compiled graph does the first two at compile time (``passes.sbp``: the
+    signature kept in the node, ``box`` nodes before it) and runs only
+    ``forward_pieces``."""
+    placement, tensors, positions = _globals_of(fn_class, args)
+    chosen = choose(fn_class, args, tensors, [t._sbp for t in tensors], _axis_sizes(placement))
+    if _REPLAY.recording is not None:       # a graph node recorded whole keeps the choice
+        _REPLAY.recording.append((fn_class, placement, chosen))
+    return _box_and_run(fn_class, args, kwargs, placement, chosen, tensors, positions)
+
+
+def _box_and_run(fn_class, args, kwargs, placement, chosen, tensors, positions):
+    local, boxings = list(args), []
     for j, (p, t) in enumerate(zip(positions, tensors)):
         want = tuple(c.ins[j] for c in chosen)
         if t._sbp != want:
-            g.boxings.append((p, t._sbp, want, tuple(t.shape), t.dtype))
+            boxings.append((p, t._sbp, want, tuple(t.shape), t.dtype))
             t = t.to_global(sbp=want)
+        local[p] = t
+    out, g = forward_pieces(fn_class, local, kwargs, placement, chosen)
+    g.boxings = boxings
+    return out, g
+
+
+def forward_pieces(fn_class, args, kwargs, placement, chosen):
+    """``fn_class.forward`` on the pieces under the signature ``chosen`` (one
+    candidate per placement axis), whose input SBPs the global arguments must
+    already have (a local argument is a replicated one's piece): local aliases,
+    the candidates' ``localize``, the op's forward, the mean's scale, and each
+    output labelled with the signature's SBP and its logical shape.  No
+    deduction, no boxing.  Returns ``(outputs, GlobalContext)``; the eager
+    dispatch and a compiled graph's steps both run it."""
+    sizes = _axis_sizes(placement)
+    positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+    g = GlobalContext(fn_class, positions, chosen, placement, sizes)
+    g.n_args = len(args)
+    local = list(args)
+    g.in_sbps, g.in_shapes = [], []
+    for j, p in enumerate(positions):
+        t = args[p]
+        want = tuple(c.ins[j] for c in chosen)
+        if t._placement is not None and t._sbp != want:
+            raise RuntimeError(f"{fn_class.__name__}: argument {p} has sbp {t._sbp}, but the "
+                               f"fixed signature expects {want} (a compiled graph boxes it "
+                               f"first: its box nodes and this node disagree)")
         g.in_sbps.append(want)
         g.in_shapes.append(tuple(t.shape))
         local[p] = local_alias(t)
@@ -225,8 +276,7 @@ def forward_global(fn_class, args, kwargs):
     f = _scale(g)
     if f is not None:
         outs = tuple(_times(o, f) for o in outs)
-    g.out_sbps = [tuple(c.outs[min(k, len(c.outs) - 1)] for c in chosen)
-                  for k in range(len(outs))]
+    g.out_sbps = out_sbps(chosen, len(outs))
     g.out_pieces = [(o._data.shape, o.dtype, o.device) for o in outs]
     labelled = []
     for o, sbp in zip(outs, g.out_sbps):
@@ -238,21 +288,46 @@ def forward_global(fn_class, args, kwargs):
     return (labelled[0] if single else tuple(labelled)), g
 
 
+def out_sbps(chosen, n_outputs):
+    """The SBP of each of ``n_outputs`` outputs under the signature ``chosen``."""
+    return [tuple(c.outs[min(k, len(c.outs) - 1)] for c in chosen) for k in range(n_outputs)]
+
+
 def backward_global(g, grads):
-    """The op's backward on the pieces: each output gradient boxed to the dual of
-    its output's SBP (a local gradient is taken as that piece already), each input
-    gradient labelled with the dual of its input's SBP.  Returns one entry per
-    argument of the op (None for non-tensors)."""
+    """The eager backward of a global op: each output gradient boxed to the dual
+    of its output's SBP (a local gradient is taken as that piece already), then
+    ``backward_pieces``.  Returns one entry per argument of the op (None for
+    non-tensors)."""
+    return backward_pieces(g, _box_grads(g, grads))
+
+
+def _box_grads(g, grads):
+    boxed = []
+    for grad, sbp in zip(grads, g.out_sbps):
+        if grad is not None and grad._placement is not None:
+            want = tuple(dual(s) for s in sbp)
+            if grad._sbp != want:
+                grad = grad.to_global(sbp=want)
+        boxed.append(grad)
+    return boxed
+
+
+def backward_pieces(g, grads):
+    """The op's backward on the pieces, the gradients already in the dual of
+    their outputs' SBP (a compiled graph's box nodes put them there; a local
+    gradient is that piece): each input gradient labelled with the dual of its
+    input's SBP.  No boxing.  Returns one entry per argument of the op."""
     local_grads = []
     for grad, sbp, (shape, dtype, device) in zip(grads, g.out_sbps, g.out_pieces):
         if grad is None:
             local_grads.append(zeros(shape, dtype=dtype, device=device)
                                if g.inner.materialize_grads else None)
             continue
-        want = tuple(dual(s) for s in sbp)
         if grad._placement is not None:
+            want = tuple(dual(s) for s in sbp)
             if grad._sbp != want:
-                grad = grad.to_global(sbp=want)
+                raise RuntimeError(f"{g.fn.__name__}: an output gradient has sbp {grad._sbp}, "
+                                   f"its backward on the pieces expects {want}")
             grad = local_alias(grad)
         local_grads.append(grad)
     f = _scale(g)
@@ -293,15 +368,74 @@ class _GlobalOp(Function):
 
     @staticmethod
     def forward(ctx, fn_class, kwargs, *args):
-        out, ctx.g = forward_global(fn_class, args, kwargs)
+        queue = _REPLAY.queue
+        if queue is None:
+            out, ctx.g = forward_global(fn_class, args, kwargs)
+        else:
+            out, ctx.g = _forward_replayed(queue, fn_class, args, kwargs)
         if ctx.g.non_differentiable:
             ctx.mark_non_differentiable(*ctx.g.non_differentiable)
         return out
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.g.needs_input_grad = ctx.needs_input_grad[2:]
-        return (None, None) + backward_global(ctx.g, grads)
+        g = ctx.g
+        g.needs_input_grad = ctx.needs_input_grad[2:]
+        if g.replayed:      # a graph's node: its gradients come boxed by box nodes
+            return (None, None) + backward_pieces(g, _box_grads(g, grads))
+        return (None, None) + backward_global(g, grads)
+
+
+# ---------------------------------------------------------------- replay
+# A graph node recorded whole (``recordable``: embedding with its host-side
+# index checks) calls ops inside it, which reach the dispatch through
+# ``Function.apply``.  The trace records the signatures those calls chose
+# (``recording_signatures``) and each run of the node replays them in order
+# (``replaying``): ``forward_pieces`` under the recorded choice, no deduction.
+# Its inputs and gradients arrive in the recorded layouts (the graph's box
+# nodes put them there), so nothing is boxed; an input in another layout
+# would be boxed eagerly, as the op did in the trace.
+class _ReplayState(threading.local):
+    recording = None        # the trace's list of (fn_class, placement, chosen)
+    queue = None            # a graph step's recorded signatures, consumed in order
+
+
+_REPLAY = _ReplayState()
+
+
+@contextlib.contextmanager
+def recording_signatures():
+    """Collect ``(fn_class, placement, chosen)`` of every global op deduced inside."""
+    saved, _REPLAY.recording = _REPLAY.recording, []
+    try:
+        yield _REPLAY.recording
+    finally:
+        _REPLAY.recording = saved
+
+
+@contextlib.contextmanager
+def replaying(signatures):
+    """Run the global ops inside under ``signatures`` (as recorded), in order."""
+    saved, _REPLAY.queue = _REPLAY.queue, list(reversed(signatures))
+    try:
+        yield
+    finally:
+        _REPLAY.queue = saved
+
+
+def _forward_replayed(queue, fn_class, args, kwargs):
+    if not queue or queue[-1][0] is not fn_class:
+        raise RuntimeError(f"{fn_class.__name__}: a graph node replays the global ops its "
+                           f"trace recorded, and this call was not among them (an op whose "
+                           f"calls depend on data?)")
+    _, placement, chosen = queue.pop()
+    tensors_placement, tensors, positions = _globals_of(fn_class, args)
+    if tensors_placement != placement:
+        raise RuntimeError(f"{fn_class.__name__}: recorded on {placement!r}, now called on "
+                           f"{tensors_placement!r}")
+    out, g = _box_and_run(fn_class, args, kwargs, placement, chosen, tensors, positions)
+    g.replayed = True
+    return out, g
 
 
 def box_gradient(g, like):
@@ -334,5 +468,13 @@ class GlobalElementwise(Function):
 
 
 # The core's calls up to the SBP dispatch (pyflow/_hooks.py).
+def _global_elementwise(fn, *args, **kwargs):
+    # ``GlobalElementwise.apply`` looked up at each call, not bound once here: a
+    # graph's tracer replaces ``Function.apply`` while it records, and must see
+    # this call (else it would record the ``_GlobalOp`` inside, whose step would
+    # deduce and box on every run)
+    return GlobalElementwise.apply(fn, *args, **kwargs)
+
+
 HOOKS.provide(apply_global=apply_global, box_gradient=box_gradient,
-              global_elementwise=GlobalElementwise.apply)
+              global_elementwise=_global_elementwise)

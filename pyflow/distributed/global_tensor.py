@@ -51,7 +51,7 @@ from pyflow.tensor import Tensor
 from . import boxing as _boxing
 from .pieces import DTYPE_CODES, dual, empty_piece, label, local_alias
 from .placement import placement as Placement
-from .placement_change import _PlacementChange, move_header
+from .placement_change import PlacementChange, move_header
 from .sbp import as_sbp_tuple, broadcast, partial_sum
 
 _DESC_DIMS = 8               # shape dims compared exactly (the tail by its product)
@@ -62,7 +62,7 @@ __all__ = ["to_global", "to_local", "randn_global", "logical_shape", "distribute
 # Gradients of global tensors follow dispatch.py's rule: a gradient is itself a
 # global tensor, in whatever SBP the op that made it chose; ``dual`` gives the
 # layout of a gradient computed on pieces (S -> S, B -> P, P -> B).
-class _LocalToGlobal(Function):
+class LocalToGlobal(Function):
     """A local tensor becomes a global tensor's piece.  Backward: the gradient in
     the same layout (a partial-sum piece's gradient is the whole, replicated
     gradient), this rank's piece of it."""
@@ -83,7 +83,7 @@ class _LocalToGlobal(Function):
         return grad, None
 
 
-class _ToLocal(Function):
+class ToLocal(Function):
     """A global tensor's piece as a local tensor.  Backward: the local gradients
     are the pieces of the dual layout (a replicated tensor used on every rank
     gets the sum of every rank's gradient)."""
@@ -101,7 +101,7 @@ class _ToLocal(Function):
                      tuple(dual(s) for s in sbp), shape)
 
 
-class _Boxing(Function):
+class Boxing(Function):
     """Same logical value, new layout (``boxing.box``; the output is labelled here,
     so a static graph that replays this node gets a global tensor).  Backward:
     the identity on the logical gradient, which keeps whatever layout it has (the
@@ -202,7 +202,7 @@ def to_global(self, placement=None, sbp=None, *, check=True):
             return label(empty_piece(x), placement, sbp, ())
         shape = _boxing.logical_shape_of(x.shape, placement, sbp, "to_global")
         _check_pieces(x, comm, sbp, check, placement)
-        return label(_LocalToGlobal.apply(x, sbp), placement, sbp, shape)
+        return label(LocalToGlobal.apply(x, sbp), placement, sbp, shape)
     if placement is None or placement == self._placement:
         placement = self._placement
         sbp = self._sbp if sbp is None else as_sbp_tuple(sbp, placement.ndim)
@@ -210,7 +210,7 @@ def to_global(self, placement=None, sbp=None, *, check=True):
         if comm is None:
             return label(empty_piece(self), placement, sbp, ())
         _boxing.local_shape(self._logical_shape, placement, sbp, fn="to_global")
-        return _Boxing.apply(self, placement, self._sbp, sbp)
+        return Boxing.apply(self, placement, self._sbp, sbp)
     if placement.type != self._placement.type:
         raise NotImplementedError(
             f"to_global: changing the placement's device type ({self._placement!r} -> "
@@ -230,7 +230,7 @@ def to_global(self, placement=None, sbp=None, *, check=True):
         # A destination rank outside the source: record the node here too, so the
         # backward (collective) runs on every rank that the forward involved.
         x = label(empty_piece(self).requires_grad_(), self._placement, self._sbp, ())
-    return _PlacementChange.apply(x, self._placement, self._sbp, placement, sbp, shape, dtype)
+    return PlacementChange.apply(x, self._placement, self._sbp, placement, sbp, shape, dtype)
 
 
 @tensor_method("to_local")
@@ -239,7 +239,7 @@ def to_local(self):
     if self._placement is None:
         raise RuntimeError("to_local: the tensor is not global (it has no placement); "
                            "make one with to_global(placement, sbp)")
-    return _ToLocal.apply(self)
+    return ToLocal.apply(self)
 
 
 def logical_shape(t):

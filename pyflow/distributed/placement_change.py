@@ -5,7 +5,7 @@ the tensor's own.
 The source ranks box the tensor to broadcast, then each destination rank
 that lacks the data receives only its piece from one source rank (``_move``);
 ``move_header`` first tells destination ranks outside the source the
-logical shape and dtype.  ``_PlacementChange`` makes the move differentiable:
+logical shape and dtype.  ``PlacementChange`` makes the move differentiable:
 its backward is the reverse move of the gradient.  Kept apart from
 ``global_tensor.py`` because it is point-to-point traffic on the world
 communicator, not boxing within one placement.
@@ -14,7 +14,6 @@ import numpy as np
 
 from pyflow import dtypes as _dt
 from pyflow.autograd import Function
-from pyflow.comm import world
 from pyflow.ops.creation import tensor, zeros
 
 from . import boxing as _boxing
@@ -41,6 +40,7 @@ def move_header(x, dst, requires_grad):
     """(logical shape, dtype, requires_grad) of global tensor ``x`` on every rank of
     its placement and of ``dst`` (a 67-int64 message to each destination rank
     outside the source); None elsewhere."""
+    from pyflow.comm import world   # here, not at the top: importing MPI costs ~1 s
     src, me = x._placement, world().rank
     senders = _senders(src, dst)
     if src.comm is not None:
@@ -76,6 +76,7 @@ def _move(x, src, src_sbp, dst, dst_sbp, shape, dtype):
        nothing for a partial_sum zero piece) from one source rank, the source
        ranks taking the receivers round-robin (``isend``/``recv`` on the world).
     Collective over the ranks of both placements (and no one else)."""
+    from pyflow.comm import world   # here, not at the top: importing MPI costs ~1 s
     w = world()
     me = w.rank
     senders = _senders(src, dst)
@@ -102,7 +103,7 @@ def _move(x, src, src_sbp, dst, dst_sbp, shape, dtype):
     return out
 
 
-class _PlacementChange(Function):
+class PlacementChange(Function):
     """Same logical value on another placement (and maybe another SBP).  Backward:
     the reverse change of the gradient, which arrives on ``dst`` in its own SBP (a
     local gradient is the piece of the dual layout) and leaves on ``src`` in the

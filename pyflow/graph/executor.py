@@ -17,13 +17,17 @@ import sys
 
 import numpy as np
 
-from .. import autograd
+from .. import autograd, ops
 from ..autograd import set_grad_enabled
-from ..distributed.dispatch import box_gradient, run_backward, run_forward
+from ..distributed.boxing import local_shape, run_step
+from ..distributed.dispatch import (backward_pieces, forward_pieces, GlobalContext, label,
+                                    replaying, run_forward)
+from ..distributed.global_tensor import local_alias
 from ..kernels import registry
 from ..ops.shape import basic_view
 from ..tensor import Tensor
 from .ir import compile_substitute, iter_values, substitute
+from ..distributed.sbp import broadcast, partial_sum
 
 
 class Step:
@@ -49,6 +53,9 @@ class Step:
         self.backward_slots = ()                # eager forward: input positions to differentiate
         self.in_place = node.attrs.get("in_place")      # argument whose buffer it may take
         self.grad_sync = None                   # set_grad / update: data parallel's GradSync
+        sig = node.attrs.get("signature")       # a global call: (op, placement, candidates)
+        self.signature = sig[1:] if sig is not None and sig[0] is node.target else None
+        self.replay = node.attrs.get("replay")  # a global node recorded whole: its ops' choices
 
     @property
     def name(self):
@@ -78,15 +85,27 @@ class Step:
         if kind == "call":
             args = self._fill_call(values)
             with set_grad_enabled(False):
-                out, ctx = run_forward(node.target, args[0], args[1])
+                if self.signature is not None:      # on the pieces: fixed, inputs boxed
+                    out, ctx = forward_pieces(node.target, args[0], args[1], *self.signature)
+                else:
+                    out, ctx = run_forward(node.target, args[0], args[1])
             outs = out if type(out) is tuple else (out,)
             return outs + (ctx,) if self.emits_ctx else outs
+        if kind == "box":
+            (x,) = self._fill_args(values)
+            a = node.attrs
+            piece = run_step(local_alias(x), a["placement"], a["step"])
+            return (label(piece, a["placement"], a["dst"], node.outputs[0].shape),)
         if kind == "fn":
             if self.emits_ctx:
                 return self._eager_forward(values)
             args = self._fill_call(values)
             with set_grad_enabled(False):
-                out = node.target(*args[0], **args[1])
+                if self.replay is not None:
+                    with replaying(self.replay):
+                        out = node.target(*args[0], **args[1])
+                else:
+                    out = node.target(*args[0], **args[1])
             return out if isinstance(out, tuple) else (out,)
         if kind == "backward":
             if node.attrs["eager"]:
@@ -109,12 +128,11 @@ class Step:
             sync = self.grad_sync
             if sync is not None and sync.covers(p):
                 g = sync.as_partial(g, p)       # reduced later, in one bucketed all_reduce
-            elif p._placement is not None:      # a global parameter: its grad in its SBP
-                g = box_gradient(g, p)
+            # (a global parameter's gradient comes in its SBP: the autograd pass boxed it)
             if self.accumulate and p.grad is not None:
-                p.grad = p.grad + g
+                p.grad = _add_same_layout(p.grad, g)
             else:
-                p.grad = g.clone() if g._data.base is not None else g
+                p.grad = _owned(g)
             if sync is not None and sync.covers(p) and not self.skip_update:
                 sync.arrived(p)             # the last micro-batch: its bucket may go
             return ()
@@ -133,12 +151,12 @@ class Step:
         ``.grad`` of the tensor passed, as eager's backward does for a leaf."""
         x, g = self._fill_args(values)
         g = g.detach()
-        if x._placement is not None:
-            g = box_gradient(g, x)
+        if x._placement is not None and g._placement is None:   # the piece, in x's SBP
+            g = label(g, x._placement, x._sbp, x.shape)           # (the autograd pass boxed it)
         if x.grad is None:
-            x.grad = g.clone() if g._data.base is not None else g
+            x.grad = _owned(g)
         else:
-            x.grad = x.grad + g
+            x.grad = _add_same_layout(x.grad, g)
         return ()
 
     def _in_place(self, values):
@@ -185,12 +203,15 @@ class Step:
             return t
         args = substitute((node.args, node.kwargs), leaf_or_value)
         with set_grad_enabled(True):
-            out = node.target(*args[0], **args[1])
+            if self.replay is not None:
+                with replaying(self.replay):
+                    out = node.target(*args[0], **args[1])
+            else:
+                out = node.target(*args[0], **args[1])
         outs = out if isinstance(out, tuple) else (out,)
         return tuple(o.detach() for o in outs) + ((outs, leaves),)
 
     def _eager_backward(self, values):
-        from .. import ops
         outs, leaves = values[-1]
         grads = self._fill_args(values)
         pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
@@ -198,11 +219,18 @@ class Step:
         if pairs:
             res = autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
                                 allow_unused=True)
-        return tuple(g if g is not None else ops.zeros(v.shape, dtype=v.dtype, device=v.device)
-                     for g, v in zip(res, self.node.outputs))
+        out = []
+        for g, v in zip(res, self.node.outputs):
+            if g is None:
+                g = _zeros_of(v)
+            elif v.sbp is not None and g._sbp != v.sbp:
+                # the layout the autograd pass declared (an op recorded whole that had
+                # to box inside, in the trace, gives its gradient another one)
+                g = g.to_global(sbp=v.sbp)
+            out.append(g)
+        return tuple(out)
 
     def _backward(self, values):
-        from .. import ops
         node = self.node
         ctx = values[-1]
         grads = list(self._fill_args(values))
@@ -211,18 +239,48 @@ class Step:
                      for g, (s, d, dev) in zip(grads, self.out_meta)]
         ctx.needs_input_grad = node.attrs["needs_input_grad"]
         with set_grad_enabled(False):
-            res = run_backward(node.target, ctx, grads)
+            if isinstance(ctx, GlobalContext):      # the gradients come boxed (box nodes)
+                res = backward_pieces(ctx, grads)
+            else:
+                res = node.target.backward(ctx, *grads)
         if not isinstance(res, tuple):
             res = (res,)
         out = []
         for slot, v in zip(node.attrs["slots"], node.outputs):
             g = res[slot] if slot < len(res) else None
-            out.append(g if g is not None else ops.zeros(v.shape, dtype=v.dtype, device=v.device))
+            out.append(g if g is not None else _zeros_of(v))
         return tuple(out)
 
 
 def _any_global(args):
     return any(isinstance(a, Tensor) and a._placement is not None for a in args)
+
+
+def _zeros_of(v):
+    """A zero gradient for Value ``v``: its piece, labelled, for a global one."""
+    if v.placement is None:
+        return ops.zeros(v.shape, dtype=v.dtype, device=v.device)
+    piece = ops.zeros(local_shape(v.shape, v.placement, v.sbp), dtype=v.dtype, device=v.device)
+    return label(piece, v.placement, v.sbp, v.shape)
+
+
+def _owned(g):
+    """``g``, or a copy when it views another tensor's memory (a ``.grad`` never
+    aliases); a global one copies its piece (no dispatch)."""
+    if g._data.base is None:
+        return g
+    if g._placement is None:
+        return g.clone()
+    return label(local_alias(g).clone(), g._placement, g._sbp, g.shape)
+
+
+def _add_same_layout(a, b):
+    """``a + b`` (accumulated gradients).  Two global tensors in one layout add
+    their pieces: S + S, B + B and P + P keep it, with no deduction or boxing."""
+    if a._placement is not None and b._placement == a._placement and b._sbp == a._sbp:
+        s = local_alias(a) + local_alias(b)
+        return label(s, a._placement, a._sbp, a.shape)
+    return a + b
 
 
 def _alone(x):
@@ -310,7 +368,7 @@ class GradSync:
     bucket_bytes = 25 * 2 ** 20      # as DistributedDataParallel's bucket_cap_mb=25
 
     def __init__(self, params):
-        from ..comm import GradBucketer
+        from ..comm import GradBucketer     # here, not at the top: importing MPI costs ~1 s
         by_placement = {}
         for p in params:
             by_placement.setdefault(p._placement, []).append(p)
@@ -331,7 +389,6 @@ class GradSync:
 
     @classmethod
     def of(cls, steps):
-        from ..distributed.sbp import broadcast
         params = [s.node.target for s in steps if s.kind == "set_grad"
                   and "input" not in s.node.attrs]
         params = [p for p in params if p._placement is not None and p._sbp == (broadcast,)
@@ -344,8 +401,6 @@ class GradSync:
     def as_partial(self, g, p):
         """``p``'s gradient ``g`` as a partial sum: a local gradient is the piece of
         the dual layout (P), a broadcast one becomes P by a local zero-fill."""
-        from ..distributed.dispatch import label
-        from ..distributed.sbp import partial_sum
         self.pending = True
         if g._placement is None:
             return label(Tensor._make(g._data, g.dtype, g.device), p._placement,

@@ -1,8 +1,11 @@
 """Watching a compiled graph: ``pyflow.explain(graph)`` and ``graph.to_dot``.
 
 ``explain`` prints, for each compiled plan: the passes in order with what each
-changed, the final logical graph (one line per node), the memory plan, and
-the actor task graph (actors, streams, register edges).
+changed, the final logical graph (one line per node; a ``box`` node shows
+its conversion, collective and bytes), for global tensors the SBP
+signatures and the box nodes with their totals, the memory plan, and the
+actor task graph (actors, streams, register edges).  ``to_dot`` draws box
+nodes in pink, labelled like their line in the logical graph.
 """
 from ..distributed.boxing import describe_nd, kind_of
 from .ir import iter_values
@@ -28,10 +31,11 @@ def explain_plan(plan):
 
 
 def _sbp_lines(plan):
-    """Global tensors: each forward node's output SBP and the boxing the trace
-    inserted before it (bytes sent per rank), and data parallel's gradient
-    all-reduce.  The backward's boxing follows from the forward's signatures (the
-    dual rule of pyflow/distributed/dispatch.py) and is decided when it runs."""
+    """Global tensors: each forward node's output SBP and the boxing its inputs
+    need (bytes sent per rank), the box nodes that do the boxing (forward and
+    backward, from ``passes.sbp`` and the autograd pass: the backward's by the
+    dual rule of pyflow/distributed/dispatch.py), and data parallel's gradient
+    all-reduce."""
     lines = ["SBP (forward signatures from the trace; boxing bytes sent per rank):"]
     total = 0
     for node in plan.graph.nodes:
@@ -46,6 +50,7 @@ def _sbp_lines(plan):
             total += nbytes
             lines.append(f"      boxing arg {arg} {text}")
     lines.append(f"  forward boxing total: {total:,} bytes per rank per step")
+    lines.extend(_box_node_lines(plan.graph))
     sync = plan.grad_sync
     if sync is not None:
         for b in sync.bucketers:
@@ -54,6 +59,27 @@ def _sbp_lines(plan):
             lines.append(f"  gradient all_reduce (data parallel): {n} parameters in "
                          f"{len(b.buckets)} bucket(s) of {size:,} bytes over {b.comm.size} "
                          f"ranks, before the update")
+    return lines
+
+
+def _box_node_lines(graph):
+    """One line per ``box`` node: the tensor, the conversion on its placement
+    axis, the collective and the bytes each rank sends; totals per direction."""
+    boxes = [n for n in graph.nodes if n.kind == "box"]
+    if not boxes:
+        return ["box nodes: none (every op runs in its inputs' layout)"]
+    lines = ["box nodes (compile time; collective, bytes sent per rank):"]
+    totals = {False: 0, True: 0}
+    for n in boxes:
+        st, v = n.attrs["step"], n.outputs[0]
+        totals[bool(n.attrs.get("backward"))] += st.bytes
+        axis = f" axis {st.axis}" if len(n.attrs["src"]) > 1 else ""
+        lines.append(f"  {n.name:<40} {'x'.join(map(str, v.shape)) or 'scalar'} "
+                     f"({', '.join(map(_short, n.attrs['src']))}) -> "
+                     f"({', '.join(map(_short, n.attrs['dst']))}){axis}: {st.op}, "
+                     f"{st.bytes:,} bytes")
+    lines.append(f"  box nodes total: forward {totals[False]:,} bytes, backward "
+                 f"{totals[True]:,} bytes per rank per step")
     return lines
 
 
@@ -101,7 +127,7 @@ def logical_dot(graph):
         producer[v.id] = v.name
     for node in graph.nodes:
         color = {"backward": "lightblue", "update": "orange", "set_grad": "lightgrey",
-                 "assign": "lightgrey", "seed": "yellow"}.get(node.kind)
+                 "assign": "lightgrey", "seed": "yellow", "box": "pink"}.get(node.kind)
         style = f", style=filled, fillcolor={color}" if color else ""
         lines.append(f"  {q(node.name)} [label={q(node.op_name)}{style}];")
         for v in node.outputs:

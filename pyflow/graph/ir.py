@@ -23,7 +23,20 @@ A ``Node`` is one call.  Its ``kind`` says how the executor runs it:
                the gradient of a graph input that requires grad
                (``attrs["input"]``) into the tensor passed, as eager mode
 ``update``     the optimizer step (and LR scheduler step) of ``add_optimizer``
+``box``        one step of a global tensor's boxing (``passes.sbp``): the
+               boxing table's conversion on one placement axis
+               (``boxing.run_step``), ``attrs["step"]`` a ``BoxingStep`` with its
+               collective and the bytes each rank sends; the output is the
+               same logical tensor in the SBP ``attrs["dst"]``
 =============  =================================================================
+
+A Value of a global tensor carries its layout: ``placement`` and ``sbp``
+(one SBP per placement axis; both None for a local tensor), set by the
+tracer from the traced tensors and by the passes that add Values.  A
+``call`` node on global Values has its signature fixed at compile time
+(``attrs["signature"]``: the placement and the chosen candidates, one per
+placement axis) and reads inputs already in that signature's SBP: the
+``box`` nodes before it convert them.
 
 ``args`` is a template: Python values as they were passed, with every tensor
 replaced by its ``Value`` (also inside lists and tuples).
@@ -54,6 +67,8 @@ class Value:
     producer: object = None        # the Node making it (kind "node")
     tensor: object = None          # the live tensor of "state", the folded one of "const"
     requires_grad: bool = False    # an "input" whose gradient build()'s backward computes
+    placement: object = None       # a global tensor's placement (None: local)
+    sbp: tuple = None              # a global tensor's SBP, one per placement axis
     id: int = field(default_factory=lambda: next(_ids))
 
     @property
@@ -68,7 +83,17 @@ class Value:
 
     def describe(self):
         dims = "x".join(str(s) for s in self.shape) or "scalar"
-        return f"{self!r}:{self.dtype.name}[{dims}]"
+        layout = ""
+        if self.sbp is not None:
+            layout = "(" + ", ".join(sbp_text(s) for s in self.sbp) + ")"
+        return f"{self!r}:{self.dtype.name}[{dims}]{layout}"
+
+
+def sbp_text(sbp):
+    """S(d), B or P: one SBP as explain writes it."""
+    if sbp.is_split:
+        return f"S({sbp.dim})"
+    return "B" if sbp.kind == "broadcast" else "P"
 
 
 @dataclass(eq=False)
@@ -94,6 +119,9 @@ class Node:
             return name + "Backward" if self.kind == "backward" else name
         if self.kind == "fn":
             return getattr(self.target, "__name__", str(self.target))
+        if self.kind == "box":
+            st = self.attrs["step"]
+            return f"box[{sbp_text(st.src)}->{sbp_text(st.dst)} {st.op}, {st.bytes:,} bytes]"
         return self.kind
 
     @property

@@ -3,7 +3,7 @@
 ``compile_plan`` traces ``build`` on the first inputs of a signature, runs
 the passes in order
 
-    trace -> fuse_elementwise -> fuse_add_to_output -> autograd
+    trace -> fuse_elementwise -> fuse_add_to_output -> insert_boxing -> autograd
           -> accumulate_slice_grads -> optimizer -> fuse_model_update
           -> constant_folding -> dead_code_elimination -> in_place -> plan_memory
 
@@ -147,6 +147,7 @@ def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
                        else _skipped("fuse_elementwise")),
                       ("fuse_add_to_output", passes.fuse_add_to_output if fuse_add_to_output
                        else _skipped("fuse_add_to_output")),
+                      ("insert_boxing", passes.insert_boxing),
                       ("autograd", lambda g: passes.autograd(g, 1.0 / accumulation)),
                       ("accumulate_slice_grads", passes.accumulate_slice_grads),
                       ("optimizer", lambda g: passes.add_update(g, optimizers)),

@@ -42,7 +42,7 @@ import numpy as np
 from .. import _hooks
 from ..optim.optimizer import Optimizer
 from ..autograd import Function, set_grad_enabled, is_grad_enabled
-from ..distributed.dispatch import GlobalContext, run_forward
+from ..distributed.dispatch import GlobalContext, recording_signatures, run_forward
 from ..random import Generator
 from ..tensor import Tensor
 from .ir import Graph, Node, Value, iter_instances, rebuild_tuple
@@ -100,7 +100,8 @@ class Tracer:
         v = self.values.get(id(t))
         if v is None:   # a tensor from before the trace: read live at every run
             name = self.state_names.get(id(t), f"state{len(self.state)}")
-            v = Value(tuple(t.shape), t.dtype, t.device, "state", name=name, tensor=t)
+            v = Value(tuple(t.shape), t.dtype, t.device, "state", name=name, tensor=t,
+                      placement=t._placement, sbp=t._sbp)
             self.values[id(t)] = self.origins[id(t)] = v
             self.versions[id(t)] = t._version[0]
             self.state.append(v)
@@ -123,7 +124,8 @@ class Tracer:
         return obj
 
     def bind(self, t, producer, kind="node", name=""):
-        v = Value(tuple(t.shape), t.dtype, t.device, kind, name=name, producer=producer)
+        v = Value(tuple(t.shape), t.dtype, t.device, kind, name=name, producer=producer,
+                  placement=t._placement, sbp=t._sbp)
         if kind == "input":
             v.requires_grad = bool(t.requires_grad)
             self.origins[id(t)] = v
@@ -204,8 +206,8 @@ class Tracer:
         self.depth += 1
         try:
             with set_grad_enabled(False):
-                # global tensors: one node all the same; the step deduces the SBP
-                # signature and boxes its inputs each run (executor.Step)
+                # global tensors: one node all the same, with the signature the
+                # dispatch chose (passes.sbp keeps it and puts box nodes before it)
                 out, ctx = run_forward(cls, args, kwargs)
         finally:
             self.depth -= 1
@@ -216,6 +218,7 @@ class Tracer:
                      tuple_output=type(out) is tuple)
         if isinstance(ctx, GlobalContext):      # what explain shows of the SBP
             attrs["sbp"] = (ctx.placement, [o._sbp for o in outs], ctx.boxings)
+            attrs["signature"] = (cls, ctx.placement, tuple(ctx.chosen))
         node = self._add("call", cls, args, kwargs, outs, attrs)
         self._mark_requires_grad(node, [a for a in args if isinstance(a, Tensor)], outs)
         return out
@@ -237,7 +240,10 @@ class Tracer:
         before = [(t, t._version[0], t._data.copy()) for t in states]
         self.depth += 1
         try:
-            out = fn(*args, **kwargs)
+            # the global ops inside keep the signatures they chose: the node
+            # replays them at every run (dispatch.replaying)
+            with recording_signatures() as signatures:
+                out = fn(*args, **kwargs)
         finally:
             self.depth -= 1
         written = []
@@ -254,6 +260,8 @@ class Tracer:
                          dict(random=random, tuple_output=isinstance(out, tuple),
                               differentiable=differentiable, grad_enabled=grad_enabled,
                               writes=written))
+        if signatures:
+            node.attrs["replay"] = tuple(signatures)
         if differentiable:
             self._mark_requires_grad(node, list(_tensors((args, kwargs))), outs)
         return out

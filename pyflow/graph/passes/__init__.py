@@ -6,9 +6,10 @@ from .fusion import fuse_elementwise
 from .in_place import in_place
 from .memory import MemoryPlan, plan_memory
 from .model_update import add_update, fuse_model_update
+from .sbp import insert_boxing
 from .simplify import constant_folding, dead_code_elimination
 from .slice_grad import accumulate_slice_grads
 
 __all__ = ["fuse_add_to_output", "autograd", "fuse_elementwise", "add_update",
            "fuse_model_update", "constant_folding", "dead_code_elimination", "in_place",
-           "plan_memory", "MemoryPlan", "accumulate_slice_grads"]
+           "plan_memory", "MemoryPlan", "accumulate_slice_grads", "insert_boxing"]

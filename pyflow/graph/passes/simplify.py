@@ -60,7 +60,8 @@ def constant_folding(graph):
                     out = node.target.forward(autograd.Context(), *real[0], **real[1])
             outs = out if isinstance(out, tuple) else (out,)
             for v, t in zip(node.outputs, outs):
-                c = Value(v.shape, v.dtype, v.device, "const", name=v.name, tensor=t)
+                c = Value(v.shape, v.dtype, v.device, "const", name=v.name, tensor=t,
+                          placement=t._placement, sbp=t._sbp)
                 replaced[v.id] = c
                 consts[c.id] = t
             folded.append(node.name)
