@@ -26,17 +26,18 @@ digits: $(STAMP)
 # cuda device, run by numba's CUDA simulator (no GPU needed).  JOBS pytest
 # workers (pytest-xdist) share the tests: most are one Python thread, so two
 # workers on CI's two cores run the suite ~1.5x faster than one (647 s -> 427 s here).
+# --durations lists the slowest tests in the log, where a new slow one shows.
 JOBS ?= 2
 test: test-cpu test-cuda-sim
 
 # The workers are processes sharing the cores, the case where OpenMP threads
 # should sleep at once (pyflow/_threads.py): 20 s instead of 25 s on three op files.
 test-cpu: $(STAMP)
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n $(JOBS) --dist worksteal
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n $(JOBS) --dist worksteal --durations=25
 
 test-cuda-sim: $(STAMP)
 	OMP_WAIT_POLICY=PASSIVE NUMBA_ENABLE_CUDASIM=1 PYFLOW_TEST_DEVICE=cuda HYPOTHESIS_PROFILE=sim \
-		$(PY) -m pytest -n $(JOBS) --dist worksteal tests/ops tests/graph -m "not cpu_only"
+		$(PY) -m pytest -n $(JOBS) --dist worksteal --durations=25 tests/ops tests/graph -m "not cpu_only"
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py

@@ -17,6 +17,8 @@ import pytest
 
 import pyflow
 
+from ..mpi_env import job_env
+
 pytestmark = pytest.mark.cpu_only   # in-process checks use cpu tensors; MPI runs pick their device
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,8 +36,7 @@ def launch(n, device, extra_env=None, worker=WORKER):
     cmd += [sys.executable, worker, device]
     # An MPI job's own variables must not leak into a nested mpirun (as when the
     # test process itself was started by mpirun); one thread per rank on 2 cores.
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    env = job_env()
     env.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")
     env.update(extra_env or {})

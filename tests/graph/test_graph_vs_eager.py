@@ -281,6 +281,7 @@ def test_a_graph_checks_every_calls_class_targets(executor):
         graph(x, pf.tensor([0, 7, 2, 3]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("registers", [1, pytest.param(2, marks=pytest.mark.cpu_only),
                                        pytest.param(3, marks=pytest.mark.cpu_only)])
 def test_pipelined_batches_equal_step_by_step(registers):

@@ -25,6 +25,7 @@ FAMILY = ["gather", "scatter", "index_add", "index_select", "index", "cat", "fli
           "dropout", "cast", "adam_step", "sgd_step"]
 
 
+@pytest.mark.slow
 def test_every_data_kernel_in_the_simulator():
     out = run_in_simulator("cudasim_data.py")
     assert int(out.strip().splitlines()[-1].split()[0]) > 300, out   # the checks did run

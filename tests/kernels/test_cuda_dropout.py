@@ -24,6 +24,7 @@ KAT = [((0, 0, 0, 0), (0, 0), (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),
         (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1))]
 
 
+@pytest.mark.slow
 def test_cpu_and_cuda_masks_match_in_the_simulator():
     out = run_in_simulator("cudasim_dropout.py")
     assert int(out.strip().splitlines()[-1].split()[0]) >= 170, out   # the checks did run

@@ -15,6 +15,7 @@ from pyflow.kernels.cuda import conv, linalg, pool
 from tests.kernels.cudatools import run_in_simulator
 
 
+@pytest.mark.slow
 def test_every_gemm_conv_pool_kernel_in_the_simulator():
     out = run_in_simulator("cudasim_linalg_conv.py")
     assert int(out.split(" checks,")[0].split()[-1]) >= 100, out

@@ -17,6 +17,7 @@ from pyflow.kernels.registry import _KERNELS
 from tests.kernels.cudatools import run_in_simulator
 
 
+@pytest.mark.slow
 def test_every_reduction_kernel_in_the_simulator():
     out = run_in_simulator("cudasim_reduce.py")
     assert int(out.split(" checks")[0].split()[-1]) > 300, out

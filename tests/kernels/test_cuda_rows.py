@@ -14,6 +14,7 @@ from pyflow.kernels.cuda import loss, normalization, softmax
 from tests.kernels.cudatools import run_in_simulator
 
 
+@pytest.mark.slow
 def test_every_row_kernel_in_the_simulator():
     out = run_in_simulator("cudasim_rows.py")
     checks = int(out.split(" checks,")[0].split()[-1])

@@ -1,5 +1,6 @@
 """The main job trains to the accuracy the README claims (>= 98% held out)."""
 import numpy as np
+import pytest
 
 from pyflow.models import demo
 from pyflow.models.digits import make_digits
@@ -14,6 +15,7 @@ def test_digits_are_deterministic_and_balanced():
     assert set(np.unique(y1)) == set(range(10))
 
 
+@pytest.mark.slow
 def test_demo_reaches_claimed_accuracy(capsys):
     acc = demo.main([])
     out = capsys.readouterr().out

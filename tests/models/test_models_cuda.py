@@ -10,6 +10,7 @@ from ..kernels.cudatools import run_in_simulator
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+@pytest.mark.slow
 @pytest.mark.cpu_only
 def test_models_on_the_simulated_cuda_device_equal_the_cpu():
     out = run_in_simulator(os.path.join(HERE, "cudasim_models.py"))

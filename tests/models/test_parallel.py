@@ -12,6 +12,7 @@ from ..rank_checks import assert_all_ranks_passed
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+@pytest.mark.slow
 @pytest.mark.cpu_only
 @pytest.mark.parametrize("n, checks", [(2, 4), (4, 5)])
 def test_bert_and_resnet_parallel_equal_one_rank(n, checks):
