@@ -48,7 +48,7 @@ from .global_tensor import dual, label, local_alias
 from .sbp import broadcast
 from .signatures import elementwise_rule, rule_for
 
-__all__ = ["run_forward", "run_backward", "apply_global", "forward_global", "backward_global",
+__all__ = ["run_forward", "apply_global", "forward_global", "backward_global",
            "forward_pieces", "backward_pieces", "out_sbps", "GlobalContext", "dual", "label",
            "GlobalElementwise", "recording_signatures", "replaying"]
 
@@ -145,14 +145,6 @@ def run_forward(fn_class, args, kwargs):
                 return forward_global(fn_class, args, kwargs)
     ctx = Context()
     return fn_class.forward(ctx, *args, **kwargs), ctx
-
-
-def run_backward(fn_class, ctx, grads):
-    """The backward matching ``run_forward``: on the pieces (``backward_global``)
-    for a global call, else ``fn_class.backward``."""
-    if isinstance(ctx, GlobalContext):
-        return backward_global(ctx, grads)
-    return fn_class.backward(ctx, *grads)
 
 
 def apply_global(fn_class, args, kwargs):

@@ -472,10 +472,6 @@ def _tracing_in_this_thread(tracer):
         _uninstall()
 
 
-def _any_global(args):
-    return any(isinstance(a, Tensor) and a._placement is not None for a in args)
-
-
 def _has_raw_array(obj, depth=0):
     """A NumPy (non-scalar) or device array anywhere in ``obj``, small value
     objects with ``__slots__`` included (a parsed index key holds its index
