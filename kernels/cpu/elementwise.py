@@ -60,6 +60,17 @@ def _make_kernel(name):
             return activation.run(name, arrays, out)
         dt = arrays[-1].dtype if name == "where" else arrays[0].dtype
         return ufunc(name, dt)(*arrays, out=out)
+
+    def specialize(np_dtype):
+        """The kernel for arrays of ``np_dtype`` only, with the choices above made
+        now: the ufunc itself where no faster loop can apply (a compiled graph
+        resolves its kernels once, pyflow.graph.kernel_ops)."""
+        if simd is not None:
+            return simd
+        if fast or name == "where":
+            return kernel
+        return ufunc(name, np_dtype)
+    kernel.specialize = specialize
     kernel.__name__ = name
     kernel.__doc__ = f"CPU kernel of {name!r} (ufunc built from kernels.scalar)"
     return kernel

@@ -69,12 +69,16 @@ def _batched_small(a, b):
 
 
 @register("matmul", "cpu")
-def matmul(a, b):
-    """(..., n, k) @ (..., k, m) with NumPy's batch broadcasting; 1-D x 1-D is a dot."""
+def matmul(a, b, out=None):
+    """(..., n, k) @ (..., k, m) with NumPy's batch broadcasting; 1-D x 1-D is a dot.
+    ``out``: a C-contiguous array of the result's shape and dtype to write into
+    (a compiled graph's pre-allocated buffer)."""
     if not _blas_ready(a):
         a = np.ascontiguousarray(a)
     if not _blas_ready(b):
         b = np.ascontiguousarray(b)
+    if out is not None:
+        return blas.matmul(a, b, out=out)
     if (not blas.uses_mkl(a, b) and _WORKERS > 1 and a.ndim >= 3
             and a.shape[:-2] == b.shape[:-2]
             and 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] < SMALL_GEMM_FLOPS
@@ -92,11 +96,12 @@ def _add_rows(out, bias):
 
 
 @register("linear", "cpu")
-def linear(x, weight, bias):
-    """x (M, K) @ weight (N, K).T + bias (N,): one GEMM, bias added in place."""
+def linear(x, weight, bias, out=None):
+    """x (M, K) @ weight (N, K).T + bias (N,): one GEMM, bias added in place;
+    into ``out`` (C-contiguous, (M, N)) when given."""
     if not _blas_ready(x):
         x = np.ascontiguousarray(x)
-    out = blas.matmul(x, weight.T)
+    out = blas.matmul(x, weight.T, out=out)
     if bias is not None:
         # After the GEMM, not written first for the GEMM to add to (beta=1, as
         # PyTorch's addmm): measured 3.6 against 4.1 ms a call for 2048x256 @

@@ -3,12 +3,14 @@
 ``explain`` prints, for each compiled plan: the passes in order with what each
 changed, the final logical graph (one line per node; a ``box`` node shows
 its conversion, collective and bytes), for global tensors the SBP
-signatures and the box nodes with their totals, the memory plan, and the
-actor task graph (actors, streams, register edges).  ``to_dot`` draws box
+signatures and the box nodes with their totals, the memory plan, which
+nodes run as kernels on arrays (the kernel-level plan) and which through
+their Tensor-level step, and the actor task graph (actors, streams, register edges).  ``to_dot`` draws box
 nodes in pink, labelled like their line in the logical graph.
 """
 from ..distributed.boxing import describe_nd, kind_of
 from .ir import iter_values
+from .kernel_plan import summary as kernel_summary
 
 
 def explain_plan(plan):
@@ -25,6 +27,9 @@ def explain_plan(plan):
     if plan.graph.memory is not None:
         lines.append("")
         lines.append("memory: " + plan.graph.memory.summary())
+    if plan.kernel_plan:
+        lines.append("")
+        lines.append(kernel_summary(plan))
     lines.append("")
     lines.append(plan.task_graph[0].describe())
     return "\n".join(lines)

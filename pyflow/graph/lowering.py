@@ -26,6 +26,7 @@ from ..ops.transfer import ToDevice
 from ..runtime import NO_INITIAL, Port, Runtime, TaskGraph, completion_for, merge_chains
 from ..tensor import Tensor
 from .ir import substitute
+from .kernel_plan import as_tensor
 
 
 class _Feed:
@@ -143,7 +144,11 @@ def _feedback(graph, steps):
 
 def _actor_fn(step, token):
     """The actor's function: the Step's outputs (one value or a tuple), plus a
-    token when the actor feeds state writes forward (streaming)."""
+    token when the actor feeds state writes forward (streaming).  A kernel-level
+    step's own ``actor_fn`` is that function already (and a chain inlines it)."""
+    if not token and hasattr(step, "actor_fn"):
+        return step.actor_fn
+
     def run(*values):
         res = step(*values)
         if token:
@@ -178,6 +183,13 @@ def _state_order(steps):
     return {k: sorted(v) for k, v in after.items()}
 
 
+def one_chain(tg):
+    """True when every actor of ``tg`` (sources and sinks aside) is one chain:
+    then its nodes run in graph order, one iteration at a time, which the
+    buffers of a kernel-level plan need."""
+    return sum(spec.kind == "actor" for spec in tg.specs.values()) == 1
+
+
 def _gather(tg, ports, registers):
     """One actor packing several output Values into a tuple for the sink."""
     return tg.actor("pack_outputs", lambda *vs: vs, inputs=ports, stream="compute",
@@ -208,11 +220,7 @@ def run_actors(plan, inputs):
         env = {v.id: x for v, x in zip(out_values, packed)}
     env.update({v.id: x for v, x in zip(plan.graph.inputs, inputs)})
 
-    def lookup(v):
-        if v.kind in ("state", "const"):
-            return v.tensor
-        return env[v.id]
-    return substitute(plan.graph.outputs, lookup)
+    return substitute(plan.graph.outputs, lambda v: as_tensor(v, env.get(v.id)))
 
 
 def run_stream(plan, batches, registers=2, signature=None):
@@ -220,8 +228,11 @@ def run_stream(plan, batches, registers=2, signature=None):
     arguments) as one pipelined actor run: the ``inputs`` source pulls the next
     batch on the data stream while the compute stream works, up to
     ``registers`` iterations in flight.  Returns build()'s outputs per batch."""
-    tg, feed, out_values = lower(plan.graph, plan.steps, registers, streaming=True,
+    tg, feed, out_values = lower(plan.graph, plan.runnable_steps(), registers, streaming=True,
                                  chains=plan.fuse_actor_chains)
+    if plan.kernel_plan and plan.fuse_actor_chains and not one_chain(tg):
+        tg, feed, out_values = lower(plan.graph, plan.kernel_steps(pool=False), registers,
+                                     streaming=True, chains=True)
 
     class Batches:
         def __iter__(self):
@@ -239,6 +250,5 @@ def run_stream(plan, batches, registers=2, signature=None):
     packed_all = result.get("outputs", [])
     for k in range(len(packed_all) if out_values else 0):
         env = {v.id: x for v, x in zip(out_values, packed_all[k])}
-        outs.append(substitute(plan.graph.outputs,
-                               lambda v: v.tensor if v.kind in ("state", "const") else env[v.id]))
+        outs.append(substitute(plan.graph.outputs, lambda v: as_tensor(v, env.get(v.id))))
     return outs

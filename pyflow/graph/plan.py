@@ -17,19 +17,23 @@ from ..ops.creation import zeros
 from ..ops.join import cat
 from ..tensor import Tensor
 from . import passes
+from . import kernel_plan as _kernel
 from .executor import make_steps, run_sequential
 from .ir import Node
 from .tracer import trace
 
 
 class Plan:
-    def __init__(self, stages, accumulation, executor, fuse_actor_chains=True):
+    def __init__(self, stages, accumulation, executor, fuse_actor_chains=True, kernel_plan=True):
         self.stages = stages                  # [(pass name, Graph)], the last is run
         self.graph = stages[-1][1]
         self.accumulation = accumulation
         self.executor = executor
         self.fuse_actor_chains = fuse_actor_chains   # lowering merges a stream's runs
         self.steps = make_steps(self.graph)
+        self.kernel_plan = kernel_plan        # run lowered kernels on arrays (kernel_plan.py)
+        self._kernel_steps = {}               # pool -> (KernelSteps, buffer bytes)
+        self._sequential = None
         self._task_graph = None
         # parameters whose .grad the graph recomputes on every call
         self._grads = [s.node.target for s in self.steps
@@ -40,16 +44,47 @@ class Plan:
         self.grad_sync = next((s.grad_sync for s in self.steps if s.grad_sync), None)
         self.last_call = 0          # when nn.Graph last ran it (its cache drops the oldest)
 
+    def kernel_steps(self, pool=True):
+        """The nodes lowered to kernels on arrays (kernel_plan.py); ``pool``:
+        lowered forwards write into buffers reused across steps."""
+        if pool not in self._kernel_steps:
+            self._kernel_steps[pool] = _kernel.kernel_steps(self.graph, self.steps, pool)
+        return self._kernel_steps[pool][0]
+
+    @property
+    def buffer_bytes(self):
+        """Bytes of the buffers the running kernel-level plan reuses across steps."""
+        return max((b for _, b in self._kernel_steps.values()), default=0)
+
+    def sequential_function(self):
+        """The sequential executor's straight-line function (built on first use)."""
+        if self._sequential is None:
+            self._sequential = _kernel.sequential_function(self.graph, self.kernel_steps(True))
+        return self._sequential
+
+    def runnable_steps(self, streaming=False):
+        """What lowering turns into actors: the kernel-level steps (with buffers
+        only where the nodes will run in graph order, one iteration at a time:
+        one chain actor) or, with kernel plans off, the Tensor-level steps."""
+        if not self.kernel_plan:
+            return self.steps
+        return self.kernel_steps(pool=self.fuse_actor_chains)
+
     @property
     def task_graph(self):
         """The actor task graph of one micro-batch (built on first use)."""
         if self._task_graph is None:
-            from .lowering import lower
-            self._task_graph = lower(self.graph, self.steps, chains=self.fuse_actor_chains)
+            from .lowering import lower, one_chain
+            tg = lower(self.graph, self.runnable_steps(), chains=self.fuse_actor_chains)
+            if self.kernel_plan and self.fuse_actor_chains and not one_chain(tg[0]):
+                tg = lower(self.graph, self.kernel_steps(pool=False), chains=True)
+            self._task_graph = tg
         return self._task_graph
 
     def _run_once(self, inputs):
-        if self.executor == "sequential":
+        if self.executor == "sequential" and self.kernel_plan:
+            out = _kernel.run_sequential(self, inputs)
+        elif self.executor == "sequential":
             out = run_sequential(self.graph, self.steps, inputs, self.graph.memory.release)
         else:
             from .lowering import run_actors
@@ -135,7 +170,7 @@ def split_for_accumulation(inputs, n):
 
 def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
                  executor="actors", fuse_elementwise=True, fuse_add_to_output=False,
-                 fuse_model_update=False, in_place=True, fuse_actor_chains=True):
+                 fuse_model_update=False, in_place=True, fuse_actor_chains=True, kernel_plan=True):
     """Trace ``build`` and return the Plan for this input signature.  (The trace
     draws from private copies of the generators: it shifts no random stream.)"""
     graph = trace(build, split_for_accumulation(inputs, accumulation), state_names)
@@ -159,7 +194,7 @@ def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
                       ("plan_memory", passes.plan_memory)):
         graph = run(graph)
         stages.append((name, graph))
-    return Plan(stages, accumulation, executor, fuse_actor_chains)
+    return Plan(stages, accumulation, executor, fuse_actor_chains, kernel_plan)
 
 
 def _skipped(name):

@@ -61,6 +61,7 @@ class GraphConfig:
         self.fuse_model_update_ops = False
         self.in_place = True
         self.fuse_actor_chains = True
+        self.kernel_plan = True
         self.gradient_accumulation_steps = 1
         self.executor = "actors"
         self.plan_cache_size = 64
@@ -91,6 +92,13 @@ class GraphConfig:
         (pyflow.runtime.chains; on by default).  Off: one actor per op, to
         watch every register move in ``explain`` and the trace."""
         self.fuse_actor_chains = bool(mode)
+
+    def allow_kernel_plan(self, mode=True):
+        """Nodes whose ops have a kernel-level form run as plain kernel calls on
+        arrays into buffers reused across steps, no Tensor, Function or autograd
+        Context per op (pyflow.graph.kernel_plan; on by default).  Off: every
+        node calls its op's Function on Tensors, as eager mode does."""
+        self.kernel_plan = bool(mode)
 
     def allow_in_place(self, mode=True):
         """Elementwise nodes write into an input that dies at them
@@ -220,7 +228,7 @@ class Graph:
         c = self.config
         return (tuple(parts), modes, c.gradient_accumulation_steps, c.executor,
                 c.fuse_elementwise, c.fuse_add_to_output, c.fuse_model_update_ops, c.in_place,
-                c.fuse_actor_chains)
+                c.fuse_actor_chains, c.kernel_plan)
 
     def compile(self, *args):
         """The Plan for ``args``' signature (compiling it if new)."""
@@ -240,7 +248,7 @@ class Graph:
                                 self.config.gradient_accumulation_steps, self.config.executor,
                                 self.config.fuse_elementwise, self.config.fuse_add_to_output,
                                 self.config.fuse_model_update_ops, self.config.in_place,
-                                self.config.fuse_actor_chains)
+                                self.config.fuse_actor_chains, self.config.kernel_plan)
             self._check_unchanged_by_trace(captured, names)
             self._make_room()
             self._plans[key] = plan

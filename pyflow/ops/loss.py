@@ -94,7 +94,7 @@ def _check_target_dtype(target, op):
                         f"{target.dtype}")
 
 
-def _check_targets(t, C, ignore_index, op):
+def check_targets(t, C, ignore_index, op):
     """Class indices ``t`` (an int array) in [0, C) or ``ignore_index``.  Runs in the
     loss Function's forward, so a graph checks every call's targets too."""
     valid = t[t != ignore_index]
@@ -118,7 +118,7 @@ def _check_weight(weight, C, op, input):
     return weight
 
 
-def _target_array(target):
+def target_array(target):
     if isinstance(target, Tensor):
         return array_module(target._data).asarray(target._data, np.int64).reshape(-1)
     return target
@@ -131,7 +131,7 @@ class TargetWeightSum(Function):
 
     @staticmethod
     def forward(ctx, target, weight, ignore_index, dtype):
-        t = _target_array(target)
+        t = target_array(target)
         kept = t[t != ignore_index]
         if weight is None:
             total = float(kept.size)
@@ -181,7 +181,7 @@ class CrossEntropy(Function):
 
     @staticmethod
     def forward(ctx, x, target, weight, ignore_index, smoothing):
-        target = _check_targets(_target_array(target), x.shape[1], ignore_index, "cross_entropy")
+        target = check_targets(target_array(target), x.shape[1], ignore_index, "cross_entropy")
         dt = x.dtype
         xa = compute_array(x, dt)
         w = None if weight is None else compute_array(weight, dt)
@@ -267,7 +267,7 @@ class NLLLoss(Function):
     sbp_rule = loss_rule
     @staticmethod
     def forward(ctx, x, target, weight, ignore_index):
-        target = _check_targets(_target_array(target), x.shape[1], ignore_index, "nll_loss")
+        target = check_targets(target_array(target), x.shape[1], ignore_index, "nll_loss")
         dt = x.dtype
         w = None if weight is None else compute_array(weight, dt)
         loss = kernel("nll_loss", x.device.type)(compute_array(x, dt), target, w, ignore_index)

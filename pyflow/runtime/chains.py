@@ -24,6 +24,15 @@ iteration token) is kept implicitly: the chain runs iteration i before
 i + 1.  The trace still shows one slice per op, and an exception names the
 op that raised (``ActorError.op``).
 
+A chain runs as one generated Python function (``straight_line``): one line
+per member, each value a local variable, ``del`` after its last use.  A
+member whose function carries ``inline = (fn, template)`` is called as
+``fn(...)`` with its arguments spelled out by the template (a kernel-level
+plan's op reading a parameter's current array inline): no per-member list
+building, indexing or wrapper call is left, which is what a compiled step of
+many tiny ops costs (pyflow.graph.kernel_plan).  A traced run uses the slot
+loop below instead, to time every member.
+
 ``pyflow.nn.Graph`` merges by default; ``graph.config.allow_fuse_actor_chains(False)``
 keeps one actor per op (to watch every register move in a trace or in
 ``explain``).
@@ -77,8 +86,11 @@ class Chain:
                                m.outputs, drop))
         self._out_slots = tuple(slot[p] for p in outputs)
         self.tracer = None      # (tracer, stream name) while a traced run is on
+        self._compiled = straight_line(self._plan, self._n_inputs, self._out_slots)
 
     def __call__(self, *values):
+        if self.tracer is None:
+            return self._compiled(*values)
         env = [None] * self._n_slots
         env[:self._n_inputs] = values
         trace = self.tracer
@@ -100,6 +112,62 @@ class Chain:
         if len(self._out_slots) == 1:
             return env[self._out_slots[0]]
         return tuple(env[i] for i in self._out_slots)
+
+
+def straight_line(plan, n_inputs, out_slots):
+    """One Python function running ``plan`` (Chain's members: ``(name, fn, input
+    slots, first output slot, outputs, slots to drop after it)``) on ``n_inputs``
+    values; it returns the values of ``out_slots`` (one, or a tuple).  An
+    exception in a member comes out as ``ChainMemberError`` naming it.
+
+    Template items of an inlined member (``fn.inline = (fn, template)``): an int
+    ``k`` (its k-th input), ``("data", k)`` (that input's ``._data``),
+    ``("attr", obj, name)`` (``obj.name``, read at every call) or
+    ``("const", value)``."""
+    names = {"ChainMemberError": ChainMemberError, "check_outputs": check_outputs,
+             "member_names": [m[0] for m in plan]}
+    params = ", ".join(f"s{i}" for i in range(n_inputs))
+    body = ["k = -1", "try:"]
+    for k, (name, fn, ins, first, n_out, drop) in enumerate(plan):
+        inline = getattr(fn, "inline", None)
+        if inline is not None:
+            fn, template = inline
+            args = [_spelled(item, ins, names, f"c{k}_{j}") for j, item in enumerate(template)]
+        else:
+            args = [f"s{i}" for i in ins]
+        names[f"f{k}"] = fn
+        call = f"f{k}({', '.join(args)})"
+        body.append(f"    k = {k}")
+        if n_out == 0:
+            body.append(f"    {call}")
+        elif n_out == 1:
+            body.append(f"    s{first} = {call}")
+        else:       # an inlined member's own code returns its tuple: no check needed
+            targets = ", ".join(f"s{first + j}" for j in range(n_out))
+            body.append(f"    {targets} = {call}" if inline is not None else
+                        f"    {targets} = check_outputs(member_names[k], {n_out}, {call})")
+        body += [f"    del s{i}" for i in drop]
+    body += ["except Exception as exc:",
+             "    raise ChainMemberError(member_names[k], exc) from exc"]
+    outs = ", ".join(f"s{i}" for i in out_slots)
+    body.append(f"return {outs}" if len(out_slots) == 1 else f"return ({outs}{',' if outs else ''})")
+    source = f"def chain({params}):\n" + "\n".join("    " + line for line in body) + "\n"
+    exec(compile(source, "<pyflow chain>", "exec"), names)  # noqa: S102 (code made here)
+    fn = names["chain"]
+    fn.source = source
+    return fn
+
+
+def _spelled(item, ins, names, const_name):
+    """The expression of one template item (see ``straight_line``)."""
+    if type(item) is int:
+        return f"s{ins[item]}"
+    if item[0] == "data":
+        return f"s{ins[item[1]]}._data"
+    names[const_name] = item[1]
+    if item[0] == "attr":
+        return f"{const_name}.{item[2]}"
+    return const_name
 
 
 def merge_chains(tg):

@@ -46,6 +46,16 @@ On a GPU (``Runtime(graph, device=...)``, which the graph lowering passes
 when a graph holds CUDA tensors) actors on different streams are linked by
 CUDA events instead of blocking: device.py says how.
 
+One iteration on one thread needs no messages.  When every actor lives on the
+caller's stream, none has an initial value and the run is one iteration
+(a compiled graph's call: ``run(iterations=1)``), the message loop could only
+fire them in an order where each comes after what it reads, on the caller's
+thread: ``run`` then does exactly that, directly (``_run_inline``), without
+building live actors, registers and queues (they cost a graph call ~150 us
+of fixed overhead; bench/graph_overhead.py).  Results, errors and stats are
+those of the message run.  A traced run, a device run or several iterations
+always take the message path.
+
 `PYFLOW_TRACE=path.json` makes `run()` trace every firing and write a Chrome
 trace there when no tracer is passed (trace.py).  `runtime.stats` holds the
 firings per actor and the most values ever in flight on each edge.
@@ -60,7 +70,7 @@ from .messages import START, STOP
 from .register import OutputRegisters
 from .stream import Stream, run_pooled
 from .chains import ChainMemberError
-from .taskgraph import Port
+from .taskgraph import Port, check_outputs
 from .trace import TRACE_ENV, Tracer
 
 POLL_S = 0.05                     # how often the watchdog looks for deadlock/timeout
@@ -110,6 +120,7 @@ class Runtime:
         self.device = device
         self._last_run = None
         self._stats = None
+        self._inline = {}           # caller stream -> actors in firing order, or None
 
     @property
     def stats(self):
@@ -142,6 +153,12 @@ class Runtime:
         trace_path = None
         if tracer is None and os.environ.get(TRACE_ENV):
             trace_path, tracer = os.environ[TRACE_ENV], Tracer()
+        if iterations == 1 and tracer is None and self.device is None:
+            order = self._inline_order(caller_stream)
+            if order is not None:
+                run = _InlineRun(self.graph, order)
+                self._last_run, self._stats = run, None
+                return run.execute()
         run = _Run(self.graph, iterations, tracer, self.device)
         try:
             return run.execute(timeout, caller_stream)
@@ -149,6 +166,79 @@ class Runtime:
             self._last_run, self._stats = run, None
             if trace_path:
                 tracer.write(trace_path)
+
+
+    def _inline_order(self, caller_stream):
+        """The specs in an order where each comes after every actor it reads
+        (data or control), when the graph can run inline (module doc), else None."""
+        if caller_stream not in self._inline:
+            g, order, seen = self.graph, [], set()
+            for name, spec in g.specs.items():
+                if g.stream_of(name) != caller_stream or spec.initial or \
+                        any(p.actor not in seen for p in spec.inputs + spec.control):
+                    order = None
+                    break
+                seen.add(name)
+                order.append(spec)
+            self._inline[caller_stream] = order
+        return self._inline[caller_stream]
+
+
+class _InlineRun:
+    """One iteration of a one-stream graph run directly (``Runtime.run``)."""
+
+    def __init__(self, graph, order):
+        self.graph = graph
+        self.order = order
+        self.fired = {}
+        self.started = time.perf_counter()
+
+    def execute(self):
+        values, results = {}, {}
+        for spec in self.order:
+            ports = spec.inputs + spec.control
+            if spec.kind == "sink":
+                results[spec.name] = [values[p] for p in spec.inputs] if all(
+                    p in values for p in ports) else []
+                self.fired[spec.name] = len(results[spec.name])
+                continue
+            if any(p not in values for p in ports):    # upstream had nothing (an empty source)
+                self.fired[spec.name] = 0
+                continue
+            if spec.kind == "source":
+                if spec.iterations == 0:
+                    self.fired[spec.name] = 0
+                    continue
+                try:
+                    res = next(iter(spec.iterable))
+                except StopIteration:
+                    self.fired[spec.name] = 0
+                    continue
+            else:
+                try:
+                    res = spec.fn(*[values[p] for p in spec.inputs])
+                    if spec.outputs > 1:
+                        res = check_outputs(spec.name, spec.outputs, res)
+                except Exception as exc:
+                    op = None
+                    if isinstance(exc, ChainMemberError):
+                        op, exc = exc.op, exc.exc
+                    where = f"op '{op}' of actor '{spec.name}'" if op else f"actor '{spec.name}'"
+                    raise ActorError(f"{where} (stream '{self.graph.stream_of(spec.name)}') "
+                                     f"failed at iteration 0: {type(exc).__name__}: {exc}",
+                                     spec.name, op) from exc
+            self.fired[spec.name] = 1
+            if spec.outputs == 1:
+                values[Port(spec.name, 0)] = res
+            else:
+                for i in range(spec.outputs):
+                    values[Port(spec.name, i)] = res[i]
+        self.carried = values
+        return results
+
+    def stats(self):
+        carried = {e: 1 for e in self.graph.edges if e.producer in self.carried}
+        return RunStats(dict(self.fired), carried, time.perf_counter() - self.started)
 
 
 class _Run:

@@ -1,0 +1,344 @@
+"""Kernel-level plans: a compiled step as straight-line kernel calls on arrays.
+
+``make_steps`` (executor.py) turns each node into a ``Step`` that calls the
+op's ``Function`` on Tensors, as eager mode does: a Context, a Tensor per
+output, the argument filling and the grad-mode switch, every step, for every
+op.  For ops whose kernels are cheap that is most of the time a step takes.
+``kernel_steps`` lowers what it can one level further: a node whose op has an
+entry in ``kernel_ops.RULES`` becomes one plain function over arrays, its
+backward node too; every other node keeps its Step behind an adapter that
+wraps arrays in Tensors and unwraps the results (so everything a graph does
+keeps working: global tensors and box nodes, random ops, ops recorded whole,
+``set_grad``, the optimizer update).
+
+Values travel as: a graph input, the caller's Tensor; a local node output, its
+array; a global Value, its Tensor (global nodes always run their Step).  A
+lowered op reads a parameter's current array inline (``p._data``: the
+optimizer may replace it between steps) and a folded constant's array as a
+constant.
+
+Buffers.  A lowered forward writes its output into a buffer of the plan
+(``out=``) when one is free: a buffer is an arena of bytes, reused across
+steps, handed to the next output that fits once the values living in it are
+dead.  Dead means past the last reader of the value and of every value that
+may share its memory, and past the backward node when the forward's saved
+arrays include it (what ``Lowered.keeps`` declares, as ``passes.memory``
+does with what a Function's context keeps).  Anything whose memory might
+outlive the step (build()'s outputs, a parameter's ``.grad``, a state write)
+or whose aliasing is unknown (a Step's outputs, a backward's, which may be
+its input gradient itself) never gets one and shares no buffer it could
+clobber: such outputs are counted as views of every input.  Buffers need the
+nodes to run in graph order, one iteration at a time: the sequential
+executor, or one chain actor holding every node (``plan.py`` checks, and
+builds the plan without buffers otherwise).
+
+Why straight-line code.  The sequential executor and each chain actor run the
+plan as one generated Python function (``runtime.chains.straight_line``):
+locals for values, one call per op.  A graph step then costs about what its
+kernels cost plus a call each.
+"""
+import numpy as np
+
+from ..runtime.chains import ChainMemberError, straight_line
+from ..tensor import Tensor
+from .ir import Value, substitute
+from .kernel_ops import rule_for
+from .passes.memory import contexts, liveness
+
+FOREVER = 1 << 62
+
+
+class KernelStep:
+    """One node of a kernel-level plan.  It has a Step's interface for
+    lowering.py (``name``, ``node``, ``kind``, ``feeds``, ``emits_ctx``,
+    ``wants_ctx``; calling it returns a tuple) and ``actor_fn``: the function
+    of its fed values (plus the ctx) returning None, one value or a tuple, as
+    an actor's function does, with ``inline = (fn, template)`` for the
+    straight-line code."""
+
+    def __init__(self, step, fn, template, lowered):
+        self.step = step
+        self.node = step.node
+        self.kind = step.kind
+        self.feeds = step.feeds
+        self.emits_ctx = step.emits_ctx
+        self.wants_ctx = step.wants_ctx
+        self.lowered = lowered          # True: kernel_ops; False: the Step, adapted
+        self.n_out = len(step.node.outputs) + (1 if step.emits_ctx else 0)
+        self.fn, self.template = fn, template
+        fill = [_filler(item) for item in template]
+
+        def actor_fn(*values):
+            return fn(*[f(values) for f in fill])
+        actor_fn.inline = (fn, template)
+        actor_fn.__name__ = step.name
+        self.actor_fn = actor_fn
+
+    @property
+    def name(self):
+        return self.node.name
+
+    def __call__(self, *values):
+        res = self.actor_fn(*values)
+        if self.n_out == 0:
+            return ()
+        return (res,) if self.n_out == 1 else tuple(res)
+
+
+def _filler(item):
+    if type(item) is int:
+        return lambda values: values[item]
+    if item[0] == "data":
+        k = item[1]
+        return lambda values: values[k]._data
+    if item[0] == "attr":
+        obj, name = item[1], item[2]
+        return lambda values: getattr(obj, name)
+    value = item[1]
+    return lambda values: value
+
+
+# ------------------------------------------------------------------ adapters
+def _adapted(step):
+    """The Step as a function of arrays: local node values are wrapped in
+    Tensors for it and its Tensor results unwrapped."""
+    wraps = [(v.dtype, v.device) if v.kind == "node" and v.placement is None
+             and v.device is not None else None for v in step.feeds]    # (a seed: no device)
+    local = [v.placement is None for v in step.node.outputs]
+    n_out = len(step.node.outputs) + (1 if step.emits_ctx else 0)
+    make = Tensor._make
+    wants = step.wants_ctx
+
+    def run(*values):
+        args = [a if w is None else make(a, w[0], w[1]) for a, w in zip(values, wraps)]
+        if wants:
+            args.append(values[-1])
+        res = step(*args)
+        out = [r._data if loc and isinstance(r, Tensor) else r for r, loc in zip(res, local)]
+        if step.emits_ctx:
+            out.append(res[-1])
+        if n_out == 0:
+            return None
+        return out[0] if n_out == 1 else tuple(out)
+    template = list(range(len(step.feeds) + (1 if wants else 0)))
+    return run, template
+
+
+def _template(node, feeds, wants_ctx, args):
+    """How each positional argument of a lowered function is read: the fed
+    value (``._data`` of a graph input), a state tensor's current array, a
+    constant's array; then the ctx."""
+    index = {v.id: i for i, v in enumerate(feeds)}
+    out = []
+    for a in args:
+        if a is None:
+            out.append(("const", None))
+        elif a.kind == "state":
+            out.append(("attr", a.tensor, "_data"))
+        elif a.kind == "const":
+            out.append(("const", a.tensor._data))
+        elif a.kind == "input":
+            out.append(("data", index[a.id]))
+        else:
+            out.append(index[a.id])
+    if wants_ctx:
+        out.append(len(feeds))
+    return out
+
+
+# ------------------------------------------------------------------ buffers
+class _Buffers:
+    """The plan's arenas: byte arrays handed out best-fit to outputs whose
+    holder (a root value) has died."""
+
+    def __init__(self):
+        self.arenas, self.holder, self.death = [], [], {}
+
+    def offer(self, value, now):
+        nbytes = value.nbytes
+        free = [b for b, r in enumerate(self.holder) if self.death[r] < now
+                and self.arenas[b].nbytes >= nbytes]
+        if free:
+            b = min(free, key=lambda k: self.arenas[k].nbytes)
+        else:
+            b = len(self.arenas)
+            self.arenas.append(np.empty(nbytes, np.uint8))
+            self.holder.append(None)
+        self.holder[b] = value.id
+        arr = self.arenas[b][:nbytes].view(value.dtype.storage).reshape(value.shape)
+        return b, arr
+
+    @property
+    def nbytes(self):
+        return sum(a.nbytes for a in self.arenas)
+
+
+def _kept_by_lowered(node, low):
+    ids = set()
+    for k in low.keeps:
+        if k.startswith("in"):
+            ids.add(node.args[int(k[2:])].id)
+        else:
+            ids.add(node.outputs[int(k[3:])].id)
+    return ids
+
+
+def _no_buffer(i):
+    return None
+
+
+def kernel_steps(graph, steps, pool=True):
+    """(KernelSteps, bytes of buffers) for ``steps`` (make_steps of ``graph``).
+    ``pool``: lowered forwards write into the plan's reused buffers."""
+    nodes = graph.nodes
+    trial = {}                  # forward node id -> (rule, Lowered) without buffers
+    for st in steps:
+        node = st.node
+        if node.kind not in ("call", "fn") or len(node.outputs) != 1 \
+                or node.attrs.get("signature") is not None or node.attrs.get("replay"):
+            continue
+        rule = rule_for(node)
+        low = rule(node, _no_buffer, st.emits_ctx) if rule is not None else None
+        if low is not None and (not st.emits_ctx or low.backward is not None):
+            trial[node.id] = (rule, low)
+
+    kept = dict(contexts(graph))
+    for nid, (_, low) in trial.items():
+        kept[nid] = (_kept_by_lowered(_node(nodes, nid), low), 0, {})
+    last = liveness(graph, kept)
+    for v in graph.output_values():
+        last[v.id] = FOREVER
+    for node in nodes:
+        if node.kind in ("set_grad", "assign"):
+            for v in node.inputs:
+                last[v.id] = FOREVER
+
+    buffers = _Buffers()
+    roots = {}                  # value id -> ids of the values whose memory it may share
+    lowered_fwd = {}            # forward node id -> its final Lowered
+    out = []
+    for i, st in enumerate(steps):
+        node = st.node
+        pooled = set()
+        if node.id in trial:
+            rule = trial[node.id][0]
+
+            def offer(j, node=node, i=i):
+                v = node.outputs[j]
+                if not pool or last.get(v.id, i) >= FOREVER or v.nbytes == 0:
+                    return None
+                b, arr = buffers.offer(v, i)
+                pooled.add(j)
+                return arr
+            low = rule(node, offer, st.emits_ctx)
+            lowered_fwd[node.id] = low
+            args = [a for a in node.args if isinstance(a, Value)]
+            ks = KernelStep(st, low.forward, _template(node, st.feeds, False, args), True)
+        elif node.kind == "backward" and node.attrs["forward"] in lowered_fwd:
+            low = lowered_fwd[node.attrs["forward"]]
+            fn = low.backward(node, _no_buffer)
+            ks = KernelStep(st, fn, _template(node, st.feeds, True, list(node.args)), True)
+        else:
+            fn, template = _adapted(st)
+            ks = KernelStep(st, fn, template, False)
+        fresh = node.id in trial and not getattr(trial[node.id][0], "views", False)
+        for j, v in enumerate(node.outputs):
+            if j in pooled or fresh:
+                roots[v.id] = {v.id}
+            else:
+                roots[v.id] = {v.id}.union(*[roots.get(u.id, ()) for u in node.inputs])
+            for r in roots[v.id]:
+                buffers.death[r] = max(buffers.death.get(r, i), last.get(v.id, i))
+        out.append(ks)
+    return out, buffers.nbytes
+
+
+def _node(nodes, nid):
+    return next(n for n in nodes if n.id == nid)
+
+
+# ------------------------------------------------------------------ running
+def sequential_function(graph, ksteps):
+    """build()'s step as one straight-line function of the graph's input
+    tensors, returning the arrays (or Tensors) of ``graph.output_values()``."""
+    slot = {v.id: i for i, v in enumerate(graph.inputs)}
+    ctx_slot = {}
+    n = len(slot)
+    members, readers = [], {}
+    for k, ks in enumerate(ksteps):
+        ins = [slot[v.id] for v in ks.feeds]
+        if ks.wants_ctx:
+            ins.append(ctx_slot[ks.node.attrs["forward"]])
+        first = n if ks.n_out else None
+        for v in ks.node.outputs:
+            slot[v.id] = n
+            n += 1
+        if ks.emits_ctx:
+            ctx_slot[ks.node.id] = n
+            n += 1
+        for s in ins:
+            readers[s] = k
+        for s in range(first if first is not None else n, n):
+            readers.setdefault(s, k)        # never read: dropped where it is made
+        members.append([ks.name, ks.actor_fn, tuple(ins), first, ks.n_out, ()])
+    outs = tuple(slot[v.id] if v.kind in ("input", "node") else None
+                 for v in graph.output_values())
+    keep = set(outs)
+    drops = {}
+    for s, k in readers.items():
+        if s not in keep:
+            drops.setdefault(k, []).append(s)
+    for k, m in enumerate(members):
+        m[5] = tuple(drops.get(k, ()))
+    live_outs = tuple(s for s in outs if s is not None)
+    return straight_line([tuple(m) for m in members], len(graph.inputs), live_outs)
+
+
+def as_tensor(v, x):
+    """A graph value ``x`` of Value ``v`` as build() returns it: arrays of local
+    node values wrapped in Tensors; state and constants as their tensors."""
+    if v.kind in ("state", "const"):
+        return v.tensor
+    if isinstance(x, Tensor) or v.device is None:
+        return x
+    return Tensor._make(x, v.dtype, v.device)
+
+
+def outputs_of(graph, values):
+    """build()'s outputs from the values of ``graph.output_values()`` (the
+    entries for state and constant Values are ignored)."""
+    env = {v.id: x for v, x in zip(graph.output_values(), values)}
+    return substitute(graph.outputs, lambda v: as_tensor(v, env.get(v.id)))
+
+
+def run_sequential(plan, inputs):
+    """One run of the kernel-level plan on ``inputs`` (the graph's input tensors)."""
+    fn = plan.sequential_function()
+    try:
+        res = fn(*inputs)
+    except ChainMemberError as e:
+        raise e.exc.with_traceback(e.exc.__traceback__) from None
+    graph = plan.graph
+    values = [v for v in graph.output_values()]
+    live = [v for v in values if v.kind in ("input", "node")]
+    got = iter((res,) if len(live) == 1 else res)
+    return outputs_of(graph, [next(got) if v.kind in ("input", "node") else None
+                              for v in values])
+
+
+def summary(plan):
+    """What ``explain`` says about the kernel-level plan the task graph runs."""
+    ksteps = plan.runnable_steps()
+    low = [k for k in ksteps if k.lowered]
+    rest = {}
+    for k in ksteps:
+        if not k.lowered:
+            rest[k.node.op_name] = rest.get(k.node.op_name, 0) + 1
+    kinds = sorted({k.node.op_name for k in low})
+    text = (f"kernel plan: {len(low)} of {len(ksteps)} nodes run as kernels on arrays "
+            f"({', '.join(kinds) or 'none'}); {plan.buffer_bytes:,} bytes of buffers reused "
+            f"across steps")
+    if rest:
+        text += "\n  through their Tensor-level steps: " + ", ".join(
+            f"{n} x{c}" if c > 1 else n for n, c in sorted(rest.items()))
+    return text
