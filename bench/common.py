@@ -1,6 +1,11 @@
-"""Timing helpers shared by the benchmarks: medians of repeated runs, ratio tables."""
+"""Timing helpers shared by the benchmarks: medians of repeated runs, ratio tables,
+one library per child process (RESULT lines), one model file for both libraries."""
+import json
+import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 
 
@@ -70,3 +75,72 @@ def table(rows, headers):
     line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
     out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     return "\n".join(out + [line(r) for r in rows])
+
+
+# ------------------------------------------------------------------ one library per process
+# On a 2-core machine one framework's thread pool (torch's spinning OpenMP workers,
+# NumPy's OpenBLAS workers) slows the other's next call in a shared process, and
+# pyflow sets OMP_WAIT_POLICY at import, which a torch imported later would read.
+# So the benchmarks that compare libraries run each in a fresh child process whose
+# parent imports neither, and read back one line: RESULT followed by JSON.
+RESULT = "RESULT "
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def emit_result(fn):
+    """Run a worker ``fn`` (returning a JSON-able dict) and print its result, or
+    its error as ``{"error": ...}``, as one RESULT line on stdout."""
+    try:
+        out = fn()
+    except Exception as e:  # noqa: BLE001 (the parent reports it, nothing is hidden)
+        out = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
+    print(RESULT + json.dumps(out), flush=True)
+
+
+def run_child(argv, env=None, timeout=600, what="worker"):
+    """Run ``python *argv`` in a fresh process (cwd: the repository) and return
+    the dict of its last RESULT line; ``{"error": ...}`` when it printed none,
+    timed out or failed to start."""
+    try:
+        proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env,
+                              timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"{what} timed out after {timeout} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+    if lines:
+        return json.loads(lines[-1][len(RESULT):])
+    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return {"error": f"{what} exited with status {proc.returncode}: {tail}"[:300]}
+
+
+def machine_in_child(env=None):
+    """``machine()``'s line, computed in a child process so that the caller never
+    imports torch or pyflow (an error text if the child fails)."""
+    code = ("import sys; sys.path.insert(0, %r); from bench.common import emit_result, machine; "
+            "emit_result(lambda: {'machine': machine()})" % ROOT)
+    res = run_child(["-c", code], env=env, timeout=300, what="the machine probe")
+    return res.get("machine") or res["error"]
+
+
+def load_with(path, lib, name=None):
+    """The module of the file ``path``, written against pyflow, for ``lib``: for
+    torch, the same file executed with ``pyflow``, ``pyflow.nn`` and
+    ``pyflow.nn.functional`` bound to torch's while it is imported (its globals
+    keep pointing at torch), so both libraries run the very same code."""
+    import importlib.util
+    name = name or f"_bench_{lib.__name__}_{os.path.splitext(os.path.basename(path))[0]}"
+    aliases = ({} if lib.__name__ == "pyflow" else
+               {"pyflow": lib, "pyflow.nn": lib.nn, "pyflow.nn.functional": lib.nn.functional})
+    saved = {k: sys.modules.get(k) for k in aliases}
+    sys.modules.update(aliases)
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    return module
