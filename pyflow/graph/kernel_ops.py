@@ -35,18 +35,24 @@ A rule returns None when the node is outside what it handles (another dtype
 than float32/float64, a global tensor, a tensor nested in a list): the plan
 then runs the node's Tensor-level step, which handles everything.
 """
+import inspect
+
 import numpy as np
 
 from .. import dtypes as _dt
 from .. import ops
 from ..kernels import registry
-from ..ops.elementwise import Add, Div, Mul, Sub, _Unary
+from ..ops.conv import Conv2d, MaxPool2d
+from ..ops.dropout import Dropout
+from ..ops.elementwise import Add, Div, Mul, Sub, Where, _Unary, eq, ge, gt, le, lt, ne
+from ..ops.join import Split
+from ..ops.embedding import check_indices, embedding
 from ..ops.linalg import Linear, Matmul
 from ..ops.loss import CrossEntropy, NLLLoss, TargetWeightSum, check_targets
 from ..ops.normalization import LayerNorm
 from ..ops.softmax import LogSoftmax, Softmax
 from ..ops.reduce import Mean, Sum
-from ..ops.shape import Permute, View
+from ..ops.shape import Clone, Permute, SliceView, View, basic_view
 from .ir import Value
 from .passes.fusion import FusedElementwise
 
@@ -438,9 +444,16 @@ RULES[Mean] = sum_rule
 
 
 # ------------------------------------------------------------------ views
+def local_operands(node):
+    """True when every tensor argument and output is a local CPU Value (any
+    dtype: the ops that only move data) and none hides in a list or keywords."""
+    values = [a for a in node.args if isinstance(a, Value)] + list(node.outputs)
+    return bool(values) and all(_local(v) for v in values) and not node.kwargs and \
+        not any(_nested_value(a) for a in node.args)
+
+
 def view_rule(node, out, save):
-    dtype = float_operands(node)
-    if dtype is None or node.kwargs:
+    if not local_operands(node):
         return None
     x, shape = node.args
     in_shape = tuple(x.shape)
@@ -456,8 +469,7 @@ def view_rule(node, out, save):
 
 
 def permute_rule(node, out, save):
-    dtype = float_operands(node)
-    if dtype is None or node.kwargs:
+    if not local_operands(node):
         return None
     x, dims = node.args
     dims = tuple(dims)
@@ -472,9 +484,136 @@ def permute_rule(node, out, save):
     return Lowered(forward, _backward_of([lambda g, s: np.transpose(g, back)]))
 
 
-view_rule.views = permute_rule.views = True     # outputs share their input's memory
+def slice_rule(node, out, save):
+    """``x[key]`` for a basic key: a view; the backward writes g into zeros."""
+    if not local_operands(node):
+        return None
+    x, key = node.args
+    in_shape, np_dtype = tuple(x.shape), np.dtype(x.dtype.storage)
+
+    def run(xa):
+        return basic_view(xa, key)
+    forward = run if not save else (lambda xa: (basic_view(xa, key), ()))
+
+    def grad(g, s):
+        full = np.zeros(in_shape, np_dtype)
+        basic_view(full, key)[...] = g
+        return full
+    return Lowered(forward, _backward_of([grad]))
+
+
+def split_rule(node, out, save):
+    """``split``/``chunk``: views of the pieces; the backward concatenates the
+    pieces' gradients (zeros for a piece that got none)."""
+    if not local_operands(node):
+        return None
+    x, dim, sizes = node.args
+    lead = (slice(None),) * dim
+    keys, start = [], 0
+    for size in sizes:
+        keys.append(lead + (slice(start, start + size),))
+        start += size
+    shapes = [tuple(v.shape) for v in node.outputs]
+    np_dtype = np.dtype(x.dtype.storage)
+
+    def run(xa):
+        return tuple(basic_view(xa, k) for k in keys)
+    forward = run if not save else (lambda xa: run(xa) + ((),))
+
+    def build(bnode, out_):
+        def backward(*grads_and_saved):
+            grads = [np.zeros(s, np_dtype) if g is None else g
+                     for g, s in zip(grads_and_saved[:-1], shapes)]
+            return np.concatenate(grads, axis=dim)
+        return backward
+    return Lowered(forward, build)
+
+
+def clone_rule(node, out, save):
+    """A C-contiguous copy (``contiguous()``); its gradient passes through."""
+    if not local_operands(node):
+        return None
+    buf = out(0)
+
+    if buf is None:
+        def run(xa):
+            return np.array(xa, copy=True, order="C")
+    else:
+        def run(xa):
+            np.copyto(buf, xa)
+            return buf
+    forward = run if not save else (lambda xa: (run(xa), ()))
+    return Lowered(forward, _backward_of([lambda g, s: g]))
+
+
+view_rule.views = permute_rule.views = slice_rule.views = split_rule.views = True
 RULES[View] = view_rule
 RULES[Permute] = permute_rule
+RULES[SliceView] = slice_rule
+RULES[Split] = split_rule
+RULES[Clone] = clone_rule
+
+
+# ------------------------------------------------------------------ select, compare
+def where_rule(node, out, save):
+    """``where(cond, a, b)`` (masked_fill is one): a and b tensors or numbers."""
+    cond, a, b = node.args
+    if node.kwargs or not isinstance(cond, Value) or not _local(cond) or \
+            cond.dtype.name != "bool":
+        return None
+    values = [v for v in (a, b) if isinstance(v, Value)]
+    if not values or not all(_local(v) and v.dtype is values[0].dtype for v in values) or \
+            values[0].dtype not in FLOATS or \
+            not all(isinstance(v, Value) or type(v) in (int, float) for v in (a, b)):
+        return None
+    dtype = values[0].dtype
+    if node.outputs[0].dtype is not dtype:
+        return None
+    kern = registry.get("where", "cpu")
+    zero = dtype.compute.type(0.0)
+    ca = a if isinstance(a, Value) else dtype.compute.type(a)
+    cb = b if isinstance(b, Value) else dtype.compute.type(b)
+    shape = node.outputs[0].shape
+    buf = out(0)
+
+    def operands(xs):
+        it = iter(xs)
+        c = next(it)
+        return c, (next(it) if isinstance(a, Value) else ca), \
+            (next(it) if isinstance(b, Value) else cb)
+
+    def run(*xs):
+        c, x, y = operands(xs)
+        return kern(c, x, y, out=buf)
+    run = _array_result(run, shape) if buf is None else run
+    forward = run if not save else (lambda *xs: (run(*xs), xs[0]))
+    fa = _fitter(shape, a.shape) if isinstance(a, Value) else None
+    fb = _fitter(shape, b.shape) if isinstance(b, Value) else None
+    return Lowered(forward, _backward_of([
+        None, lambda g, c: fa(kern(c, g, zero)), lambda g, c: fb(kern(c, zero, g))]), ["in0"])
+
+
+def compare_rule(node, out, save):
+    """A comparison of a float tensor with a tensor of its dtype or a number: a
+    bool result, no gradient."""
+    a, b = node.args
+    name = node.target.__name__
+    if node.kwargs or not isinstance(a, Value) or not _local(a) or a.dtype not in FLOATS or \
+            not (isinstance(b, Value) and _local(b) and b.dtype is a.dtype
+                 or type(b) in (int, float)) or save:
+        return None
+    kern = elementwise_kernel(name, a.dtype)
+    cb = b if isinstance(b, Value) else a.dtype.compute.type(b)
+    if isinstance(b, Value):
+        run = _array_result(lambda x, y: kern(x, y), node.outputs[0].shape)
+    else:
+        run = _array_result(lambda x: kern(x, cb), node.outputs[0].shape)
+    return Lowered(run)
+
+
+RULES[Where] = where_rule
+for _compare in (eq, ne, lt, le, gt, ge):
+    FN_RULES[_compare.__wrapped__] = compare_rule
 
 
 # ------------------------------------------------------------------ normalization, softmax
@@ -599,3 +738,116 @@ def target_weight_sum_rule(node, out, save):
 
 RULES[CrossEntropy] = RULES[NLLLoss] = cross_entropy_rule
 RULES[TargetWeightSum] = target_weight_sum_rule
+
+
+# ------------------------------------------------------------------ convolution, pooling
+def conv2d_rule(node, out, save):
+    dtype = float_operands(node)
+    if dtype is None or node.kwargs or len(node.args) != 5:
+        return None
+    x, w, b, geo, keep_cols = node.args
+    conv, conv_bwd = registry.get("conv2d", "cpu"), registry.get("conv2d_backward", "cpu")
+    has_bias = b is not None
+
+    def run(xa, wa, ba=None):
+        y, cols = conv(xa, wa, ba, geo.stride, geo.padding, geo.dilation, geo.groups,
+                       geo.out_hw, keep_cols)
+        return y, (xa, wa, cols)
+    forward = run if save else (lambda *a: run(*a)[0])
+
+    def build(bnode, out_):
+        slots = bnode.attrs["slots"]
+        need_x, need_w, need_b = (0 in slots), (1 in slots), (2 in slots and has_bias)
+
+        def backward(gy, saved):
+            xa, wa, cols = saved
+            grads = conv_bwd(xa if need_w and cols is None else None, wa if need_x else None,
+                             gy, cols, geo.x_shape, geo.w_shape, geo.stride, geo.padding,
+                             geo.dilation, geo.groups, need_x, need_w, need_b)
+            return _one_or_tuple([grads[i] for i in slots])
+        return backward
+    return Lowered(forward, build, ["in0", "in1"])
+
+
+def max_pool2d_rule(node, out, save):
+    """Two outputs: the pooled values and the int64 positions they came from."""
+    x = node.args[0]
+    if not isinstance(x, Value) or not _local(x) or x.dtype not in FLOATS or node.kwargs or \
+            any(isinstance(a, Value) for a in node.args[1:]) or \
+            not all(_local(v) for v in node.outputs):
+        return None
+    _, k, st, p, d, out_hw = node.args
+    pool, scatter = registry.get("max_pool2d", "cpu"), registry.get("pool_scatter", "cpu")
+    in_hw = tuple(x.shape[-2:])
+
+    def run(xa):
+        return pool(xa, k, st, p, d, out_hw)
+    if save:
+        def forward(xa):
+            y, idx = run(xa)
+            return y, idx, idx
+    else:
+        forward = run
+
+    def grad(g, idx):
+        return scatter(g, idx, in_hw)
+    return Lowered(forward, lambda bnode, out_: (lambda g, _g_idx, idx: grad(g, idx)), ["out1"])
+
+
+RULES[Conv2d] = conv2d_rule
+RULES[MaxPool2d] = max_pool2d_rule
+
+
+# ------------------------------------------------------------------ dropout, embedding
+def dropout_rule(node, out, save):
+    """Dropout with the seed its ``seed`` node draws every run."""
+    x, p, seed = node.args
+    if not isinstance(x, Value) or not _local(x) or x.dtype not in FLOATS or node.kwargs:
+        return None
+    drop, masked = registry.get("dropout_philox", "cpu"), registry.get("dropout", "cpu")
+    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+    seeded = isinstance(seed, Value)
+
+    def run(xa, s=None):
+        return drop(xa, p, s if seeded else seed)
+    forward = (lambda *a: run(*a)[0]) if not save else run
+    return Lowered(forward, _backward_of([lambda g, keep: masked(g, keep, scale)]))
+
+
+def embedding_rule(node, out, save):
+    """``embedding`` is recorded whole (it checks its indices on the host): the
+    same check on every call, then the row gather; the backward scatters."""
+    try:
+        bound = _EMBEDDING_SIGNATURE.bind(*node.args, **node.kwargs).arguments
+    except TypeError:
+        return None
+    idx, weight = bound.get("input"), bound.get("weight")
+    padding_idx = bound.get("padding_idx")
+    if not isinstance(idx, Value) or not isinstance(weight, Value) or not _local(idx) or \
+            not _local(weight) or idx.dtype.category != 1 or weight.dtype not in FLOATS or \
+            bound.get("max_norm") is not None or len(weight.shape) != 2 or \
+            [v.id for v in node.inputs] != [idx.id, weight.id]:
+        return None
+    num = weight.shape[0]
+    if padding_idx is not None:
+        padding_idx = padding_idx % num if -num <= padding_idx < num else None
+        if padding_idx is None:
+            return None
+    freq = bool(bound.get("scale_grad_by_freq", False))
+    gather, scatter = registry.get("embedding", "cpu"), registry.get("embedding_backward", "cpu")
+    wshape = tuple(weight.shape)
+
+    def run(ia, wa):
+        check_indices(ia, wshape)
+        i64 = ia.astype(np.int64, copy=False)
+        return gather(wa, i64), i64
+    forward = run if save else (lambda ia, wa: run(ia, wa)[0])
+
+    def grad_weight(g, i64):
+        return scatter(g, i64, num, -1 if padding_idx is None else padding_idx, freq)
+    return Lowered(forward, _backward_of([None, grad_weight]), ["in0"])
+
+
+_EMBEDDING_SIGNATURE = inspect.signature(embedding.__wrapped__)
+RULES[Dropout] = dropout_rule
+FN_RULES[embedding.__wrapped__] = embedding_rule

@@ -194,7 +194,7 @@ def kernel_steps(graph, steps, pool=True):
     trial = {}                  # forward node id -> (rule, Lowered) without buffers
     for st in steps:
         node = st.node
-        if node.kind not in ("call", "fn") or len(node.outputs) != 1 \
+        if node.kind not in ("call", "fn") or not node.outputs \
                 or node.attrs.get("signature") is not None or node.attrs.get("replay"):
             continue
         rule = rule_for(node)

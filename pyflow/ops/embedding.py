@@ -75,6 +75,26 @@ def _renorm_(weight, idx, max_norm, norm_type):
             weight._version[0] += 1
 
 
+def check_indices(indices, weight_shape):
+    """Every index stored in ``indices`` (an int array) names a row of a weight
+    of ``weight_shape``; returns the stored elements.  Bounds on the elements
+    stored, not on every position of an expanded view (on a device: min and
+    max come to the host, like PyTorch's device-side assert).  A compiled
+    graph's kernel-level embedding checks every call's indices with it too."""
+    num = weight_shape[0]
+    stored = stored_elements(indices)
+    if stored.size and num == 0:        # PyTorch: a RuntimeError, not its IndexError below
+        raise RuntimeError(f"embedding(): weight has no rows (shape {list(weight_shape)}), so "
+                           f"no index is in range")
+    if stored.size and (int(stored.min()) < 0 or int(stored.max()) >= num):
+        bad = stored[(stored < 0) | (stored >= num)].reshape(-1)[0]
+        # PyTorch: IndexError, or RuntimeError when the rows are empty (dim 0): both
+        raise IndexOutOfBoundsError(f"embedding(): index {int(bad)} is out of range for "
+                                    f"num_embeddings={num} (weight of shape "
+                                    f"{list(weight_shape)})")
+    return stored
+
+
 @recordable(differentiable=True)   # checks the indices on the host
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
               scale_grad_by_freq=False, sparse=False):
@@ -101,18 +121,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     check_allocation(count * (weight.shape[1] * weight.dtype.itemsize + 8),
                      f"the output of shape {out_shape} ({weight.dtype}) and its indices",
                      "embedding")
-    # Bounds on the elements stored, not on every position of an expanded view
-    # (on a device: min and max come to the host, like PyTorch's device-side assert).
-    stored = stored_elements(input._data)
-    if stored.size and num == 0:        # PyTorch: a RuntimeError, not its IndexError below
-        raise RuntimeError(f"embedding(): weight has no rows (shape {list(weight.shape)}), so "
-                           f"no index is in range")
-    if stored.size and (int(stored.min()) < 0 or int(stored.max()) >= num):
-        bad = stored[(stored < 0) | (stored >= num)].reshape(-1)[0]
-        # PyTorch: IndexError, or RuntimeError when the rows are empty (dim 0): both
-        raise IndexOutOfBoundsError(f"embedding(): index {int(bad)} is out of range for "
-                                    f"num_embeddings={num} (weight of shape "
-                                    f"{list(weight.shape)})")
+    stored = check_indices(input._data, tuple(weight.shape))
     idx = array_module(input._data).asarray(input._data, np.int64)
     if max_norm is not None:
         xp = array_module(stored)

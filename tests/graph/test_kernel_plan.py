@@ -59,6 +59,7 @@ def _leaf(a, grads):
 
 def _eager(fn, arrays, grads=True):
     xs = [_leaf(a.copy(), grads) for a in arrays]
+    pf.manual_seed(1234)                    # dropout: the graph's run draws the same seed
     out = fn(*xs)
     if grads:
         w = pf.tensor(np.linspace(0.5, 1.5, out.numel(), dtype=np.float32)
@@ -77,6 +78,7 @@ def _graph(fn, arrays, executor, kernel_plan=True, grads=True, fuse=False):
     g(*xs)                                  # compile (and a first step)
     for x in xs:
         x.grad = None
+    pf.manual_seed(1234)
     out = g(*xs)
     return out.numpy(), [x.grad.numpy() if x.grad is not None else None for x in xs], g
 
@@ -123,6 +125,25 @@ CASES = [
     ("cross_entropy 3-d", lambda x, t: pf.nn.functional.cross_entropy(x, t),
      [(2, 4, 3), ("int", (2, 3), 4)], ()),
     ("nll_loss", lambda x, t: pf.nn.functional.nll_loss(x, t), [(5, 4), ("int", (5,), 4)], ()),
+    ("conv2d", lambda x, w, b: pf.nn.functional.conv2d(x, w, b, stride=2, padding=1),
+     [(2, 3, 7, 7), (4, 3, 3, 3), (4,)], ()),
+    ("conv2d 1x1 no bias", lambda x, w: pf.nn.functional.conv2d(x, w), [(2, 3, 5, 5), (4, 3, 1, 1)],
+     ()),
+    ("max_pool2d", lambda x: pf.nn.functional.max_pool2d(x, 2), [(2, 3, 6, 6)], ()),
+    ("max_pool2d strided padded", lambda x: pf.nn.functional.max_pool2d(x, 3, 2, 1),
+     [(1, 2, 7, 7)], ()),
+    ("dropout", lambda x: pf.nn.functional.dropout(x, 0.4), [(4, 8)], ()),
+    ("embedding", lambda i, w: pf.nn.functional.embedding(i, w), [("int", (2, 3), 5), (5, 4)], ()),
+    ("embedding padding_idx", lambda i, w: pf.nn.functional.embedding(i, w, padding_idx=1),
+     [("int", (6,), 5), (5, 4)], ()),
+    ("slice", lambda a: a[1:, ::2] * 1.0, [(3, 4)], ()),
+    ("split", lambda a: (lambda q, k, v: q * k + v)(*a.split(2, -1)), [(3, 6)], ()),
+    ("split, one piece used", lambda a: a.split(2, -1)[1] * 2.0, [(3, 6)], ()),
+    ("contiguous", lambda a: a.t().contiguous() * 1.0, [(3, 4)], ()),
+    ("masked_fill", lambda a: a.masked_fill(a > 0.5, -1.0), [(3, 4)], ()),
+    ("where", lambda a, b: pf.where(a > b, a, b), [(3, 4), (1, 4)], ()),
+    ("causal softmax", lambda a: pf.softmax(
+        a.masked_fill(pf.tril(pf.ones(4, 4)) == 0, float("-inf")), -1), [(2, 4, 4)], ()),
     ("fused", lambda a, b: pf.nn.functional.gelu(a * b + 0.5) * 2.0, [(2, 3, 4), (4,)], ()),
     ("fused one input used twice", lambda a: (a * a - a).tanh(), [(3, 4)], (0,)),
 ]
@@ -153,7 +174,7 @@ def test_every_rule_has_a_case():
         for k in g.plans[0].runnable_steps():
             if k.lowered and k.kind in ("call", "fn"):
                 seen.add(kernel_ops.rule_for(k.node))
-    missing = {r for r in kernel_ops.RULES.values()} - seen
+    missing = (set(kernel_ops.RULES.values()) | set(kernel_ops.FN_RULES.values())) - seen
     assert not missing, [getattr(r, "__name__", r) for r in missing]
 
 
@@ -169,6 +190,15 @@ def test_lowered_loss_checks_every_calls_targets(loss):
                for k in g.plans[0].kernel_steps())
     with pytest.raises(IndexError, match=f"{loss}\\(\\): target 7 is out of bounds for 4 classes"):
         g(x, pf.tensor([0, 1, 7, 3, 0]))
+
+
+def test_lowered_embedding_checks_every_calls_indices():
+    w = pf.randn(5, 4, requires_grad=True)
+    g = Fn(lambda i: pf.nn.functional.embedding(i, w), "sequential")
+    g(pf.tensor([0, 4]))
+    assert any(k.lowered and k.node.op_name == "embedding" for k in g.plans[0].kernel_steps())
+    with pytest.raises(IndexError, match="index 5 is out of range for num_embeddings=5"):
+        g(pf.tensor([0, 5]))
 
 
 def test_float64_and_unlowered_dtypes():
