@@ -1,5 +1,6 @@
 """Timing helpers shared by the benchmarks: medians of repeated runs, ratio tables,
 one library per child process (RESULT lines), one model file for both libraries."""
+import argparse
 import json
 import os
 import platform
@@ -144,3 +145,46 @@ def load_with(path, lib, name=None):
             else:
                 sys.modules[k] = v
     return module
+
+
+def make_step(lib, mode, model, inputs, loss_of, opt, executor=None, fuse_update=False):
+    """A function running one training step of ``model`` on ``inputs`` and returning
+    the loss: eager (zero_grad, forward, backward, step) or, for ``mode ==
+    "graph"``, one call of an ``nn.Graph`` with ``add_optimizer`` whose build()
+    does the forward and ``loss.backward()`` (``executor``, ``fuse_update``: its
+    ``graph.config``; None keeps the default executor)."""
+    if mode == "graph":
+        class TrainGraph(lib.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+                self.add_optimizer(opt)
+                if executor is not None:
+                    self.config.set_executor(executor)
+                self.config.allow_fuse_model_update_ops(fuse_update)
+
+            def build(self, *inputs):
+                loss = loss_of(self.model, *inputs)
+                loss.backward()
+                return loss
+        graph = TrainGraph()
+        return lambda: graph(*inputs)
+
+    def step():
+        opt.zero_grad()
+        loss = loss_of(model, *inputs)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def positive(text):
+    """argparse type: a positive integer."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {n}")
+    return n

@@ -37,7 +37,6 @@ import argparse
 import dataclasses
 import datetime
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -47,6 +46,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from bench.common import load_with, make_step, positive  # noqa: E402  (imports neither library)
+
 MODELS = ("resnet", "bert", "gpt")
 MODES = ("torch", "eager", "graph")         # torch = PyTorch eager; eager/graph = pyflow's
 RESULT = "RESULT "                          # prefix of a worker's one JSON line on stdout
@@ -119,24 +121,11 @@ PRESETS = _presets()
 def load_model_module(name, lib):
     """``models/<name>.py`` for ``lib``: pyflow's own module, or for torch the same
     file executed with ``pyflow``, ``pyflow.nn`` and ``pyflow.nn.functional``
-    bound to torch's while it is imported (its globals keep pointing at torch)."""
+    bound to torch's while it is imported (bench.common.load_with)."""
     if lib.__name__ == "pyflow":
         return importlib.import_module(f"pyflow.models.{name}")
-    aliases = {"pyflow": lib, "pyflow.nn": lib.nn, "pyflow.nn.functional": lib.nn.functional}
-    saved = {k: sys.modules.get(k) for k in aliases}
-    sys.modules.update(aliases)
-    try:
-        spec = importlib.util.spec_from_file_location(
-            f"_dlperf_{lib.__name__}_{name}", os.path.join(ROOT, "models", f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-    return module
+    return load_with(os.path.join(ROOT, "models", f"{name}.py"), lib,
+                     f"_dlperf_{lib.__name__}_{name}")
 
 
 def build(lib, preset, batch, device, rng):
@@ -193,31 +182,6 @@ def build(lib, preset, batch, device, rng):
         opt_of = lambda params: lib.optim.AdamW(params, lr=1e-4)    # noqa: E731
     model = model.to(device)
     return model, inputs, loss_of, opt_of(model.parameters())
-
-
-def make_step(lib, mode, model, inputs, loss_of, opt):
-    """One training step (forward, backward, update) returning the loss tensor."""
-    if mode == "graph":
-        class TrainGraph(lib.nn.Graph):
-            def __init__(self):
-                super().__init__()
-                self.model = model
-                self.add_optimizer(opt)
-
-            def build(self, *inputs):
-                loss = loss_of(self.model, *inputs)
-                loss.backward()
-                return loss
-        graph = TrainGraph()
-        return lambda: graph(*inputs)
-
-    def step():
-        loss = loss_of(model, *inputs)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
-    return step
 
 
 def _sync(lib, device):
@@ -597,16 +561,6 @@ def report(args, facts, throughput, scaling, load_after, command, started, secon
 
 
 # ------------------------------------------------------------------ command line
-def _positive(text):
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {n}")
-    return n
-
-
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="DLPerf-style training throughput of ResNet-50 "
                                  "v1.5, BERT-base and GPT-2 small: pyflow (eager, graph) vs "
@@ -623,16 +577,16 @@ def parse_args(argv=None):
     ap.add_argument("--scaling", nargs="*", choices=MODELS, default=None,
                     help="models of the 1 -> 2 rank scaling table (default: gpt on cpu, "
                          "none on cuda; none: skip it)")
-    ap.add_argument("--rounds", type=_positive, default=3, help="runs per column (median)")
-    ap.add_argument("--steps", type=_positive, default=None,
+    ap.add_argument("--rounds", type=positive, default=3, help="runs per column (median)")
+    ap.add_argument("--steps", type=positive, default=None,
                     help="timed steps per run (default 5 on cpu, 100 on cuda as DLPerf)")
-    ap.add_argument("--warmup", type=_positive, default=None,
+    ap.add_argument("--warmup", type=positive, default=None,
                     help="skipped steps per run (default 2 on cpu, 20 on cuda as DLPerf)")
-    ap.add_argument("--batch", type=_positive, default=None,
+    ap.add_argument("--batch", type=positive, default=None,
                     help="batch per rank for every model (default: the preset's)")
-    ap.add_argument("--threads", type=_positive, default=None,
+    ap.add_argument("--threads", type=positive, default=None,
                     help="threads per process in the throughput table (default: the libraries')")
-    ap.add_argument("--timeout", type=_positive, default=600, help="seconds per run before "
+    ap.add_argument("--timeout", type=positive, default=600, help="seconds per run before "
                     "it counts as failed")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "RESULTS.md"),
                     help="Markdown file to write ('-': print only)")

@@ -58,30 +58,9 @@ def worker(mode, case, steps, warmup, executor, fuse_update=False):
         import pyflow as lib
     model, x, y, loss_of = setup(lib, case)
     opt = lib.optim.AdamW(model.parameters(), lr=1e-4)
-    if mode == "graph":
-        class TrainGraph(lib.nn.Graph):
-            def __init__(self):
-                super().__init__()
-                self.model = model
-                self.add_optimizer(opt)
-                self.config.set_executor(executor)
-                self.config.allow_fuse_model_update_ops(fuse_update)
-
-            def build(self, x, y):
-                loss = loss_of(self.model, x, y)
-                loss.backward()
-                return loss
-        graph = TrainGraph()
-
-        def step():
-            graph(x, y)
-    else:
-        def step():
-            loss = loss_of(model, x, y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    from bench.common import step_times
+    from bench.common import make_step, step_times
+    step = make_step(lib, mode, model, (x, y), loss_of, opt,
+                     executor=executor, fuse_update=fuse_update)
     print(json.dumps({"median": step_times(step, steps, warmup)}))
 
 

@@ -42,7 +42,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.common import emit_result, load_with, machine_in_child, run_child, table  # noqa
+from bench.common import (emit_result, load_with, machine_in_child, make_step, positive,  # noqa
+                          run_child, table)
 
 ENV_AT_START = dict(os.environ)        # what every child inherits: nobody imported pyflow yet
 DEFS = os.path.join(ROOT, "bench", "small_model_defs.py")
@@ -109,31 +110,6 @@ def build(lib, model_name):
                          f"{', '.join(CASES)}")
     model.train()
     return model, inputs, loss_of, opt
-
-
-def make_step(lib, mode, model, inputs, loss_of, opt):
-    """One training step returning the loss tensor."""
-    if mode == "graph":
-        class TrainGraph(lib.nn.Graph):
-            def __init__(self):
-                super().__init__()
-                self.model = model
-                self.add_optimizer(opt)
-
-            def build(self, *inputs):
-                loss = loss_of(self.model, *inputs)
-                loss.backward()
-                return loss
-        graph = TrainGraph()
-        return lambda: graph(*inputs)
-
-    def step():
-        opt.zero_grad()
-        loss = loss_of(model, *inputs)
-        loss.backward()
-        opt.step()
-        return loss
-    return step
 
 
 def worker(mode, model_name, steps, warmup):
@@ -293,30 +269,20 @@ def markdown(machine, args, rows, verdicts, load_before, load_after, seconds):
     return "\n".join(lines) + "\n"
 
 
-def _positive(text):
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {n}")
-    return n
-
-
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] + " " +
                                  __doc__.split("\n")[1])
     ap.add_argument("--models", nargs="+", choices=list(CASES), default=list(CASES))
-    ap.add_argument("--rounds", type=_positive, default=3, help="runs per mode (median)")
-    ap.add_argument("--steps", type=_positive, default=None, help="timed steps per run "
+    ap.add_argument("--rounds", type=positive, default=3, help="runs per mode (median)")
+    ap.add_argument("--steps", type=positive, default=None, help="timed steps per run "
                     "(default per model: " + ", ".join(f"{k} {c.steps}" for k, c in
                                                         CASES.items()) + ")")
-    ap.add_argument("--warmup", type=_positive, default=None, help="skipped steps per run "
+    ap.add_argument("--warmup", type=positive, default=None, help="skipped steps per run "
                     "(default per model: " + ", ".join(f"{k} {c.warmup}" for k, c in
                                                         CASES.items()) + ")")
-    ap.add_argument("--threads", type=_positive, default=None, help="threads per process "
+    ap.add_argument("--threads", type=positive, default=None, help="threads per process "
                     "(default: each library's own)")
-    ap.add_argument("--timeout", type=_positive, default=900, help="seconds per run before "
+    ap.add_argument("--timeout", type=positive, default=900, help="seconds per run before "
                     "it counts as failed")
     ap.add_argument("--out", default=None, help="also write the results as Markdown here")
     ap.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)

@@ -223,8 +223,9 @@ def binary_rule(name):
         run = _array_result(run, shape) if buf is None else run
         keeps = [f"in{i}" for i, x in enumerate((a, b)) if isinstance(x, Value)] \
             if name in ("mul", "div") else []
-        forward = run
-        if save:
+        if not save:
+            forward = run
+        else:
             def forward(*xs):
                 return run(*xs), pair(*xs)
         return Lowered(forward, _backward_of(_binary_grads(name, a, b, shape, dtype)), keeps)
@@ -271,8 +272,9 @@ def unary_rule(node, out, save):
     def run(x):
         return kern(x, out=buf)
     run = _array_result(run, node.outputs[0].shape) if buf is None else run
-    forward = run
-    if save:
+    if not save:
+        forward = run
+    else:
         if cls.save == "x":
             def forward(x):
                 return run(x), x
@@ -309,8 +311,9 @@ def fused_rule(node, out, save):
 
     def run(*xs):
         return kern(fwd_expr, *operands(xs), out=buf)
-    forward = run
-    if save:
+    if not save:
+        forward = run
+    else:
         def forward(*xs):
             return run(*xs), xs
     used = {r for _, refs in program for r in refs}
@@ -360,8 +363,9 @@ def linear_rule(node, out, save):
     else:
         def run(xa, wa, ba):
             return linear(xa.reshape(rows, -1), wa, ba, out=buf2).reshape(out_shape)
-    forward = run
-    if save:
+    if not save:
+        forward = run
+    else:
         def forward(xa, wa, *ba):
             return run(xa, wa, *ba), (xa.reshape(rows, -1), wa)
     def gx(g, s):
@@ -388,8 +392,9 @@ def matmul_rule(node, out, save):
 
     def run(x, y):
         return matmul(x, y, out=buf)
-    forward = run
-    if save:
+    if not save:
+        forward = run
+    else:
         def forward(x, y):
             return run(x, y), (x, y)
     fa, fb = _fitter(shape[:-2] + a.shape[-2:], a.shape), _fitter(shape[:-2] + b.shape[-2:],
@@ -431,8 +436,9 @@ def sum_rule(node, out, save):
 
     def expand(g):
         return np.broadcast_to(g.reshape(kept), in_shape)
-    forward = run
-    if save:
+    if not save:
+        forward = run
+    else:
         def forward(xa):
             return run(xa), ()
     grad = expand if is_sum else (lambda g: div(expand(g), scale))
@@ -461,8 +467,9 @@ def view_rule(node, out, save):
 
     def run(xa):
         return xa.reshape(shape)
-    forward = run
-    if save:
+    if not save:
+        forward = run
+    else:
         def forward(xa):
             return xa.reshape(shape), ()
     return Lowered(forward, _backward_of([lambda g, s: g.reshape(in_shape)]))
@@ -477,8 +484,9 @@ def permute_rule(node, out, save):
 
     def run(xa):
         return np.transpose(xa, dims)
-    forward = run
-    if save:
+    if not save:
+        forward = run
+    else:
         def forward(xa):
             return np.transpose(xa, dims), ()
     return Lowered(forward, _backward_of([lambda g, s: np.transpose(g, back)]))
@@ -668,8 +676,9 @@ def softmax_rule(node, out, save):
 
     def run(xa):
         return fwd(xa, dim, scale=scale, causal=causal)
-    forward = run
-    if save:
+    if not save:
+        forward = run
+    else:
         def forward(xa):
             y = run(xa)
             return y, y

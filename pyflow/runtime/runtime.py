@@ -184,6 +184,19 @@ class Runtime:
         return self._inline[caller_stream]
 
 
+def _actor_error(actor, stream, exc, iteration):
+    """The ActorError for ``exc`` raised by ``actor`` (naming the op of a chain
+    that raised), chained to the original exception."""
+    op = None
+    if isinstance(exc, ChainMemberError):
+        op, exc = exc.op, exc.exc
+    where = f"op '{op}' of actor '{actor}'" if op else f"actor '{actor}'"
+    error = ActorError(f"{where} (stream '{stream}') failed at iteration {iteration}: "
+                       f"{type(exc).__name__}: {exc}", actor, op)
+    error.__cause__ = exc
+    return error
+
+
 class _InlineRun:
     """One iteration of a one-stream graph run directly (``Runtime.run``)."""
 
@@ -220,13 +233,7 @@ class _InlineRun:
                     if spec.outputs > 1:
                         res = check_outputs(spec.name, spec.outputs, res)
                 except Exception as exc:
-                    op = None
-                    if isinstance(exc, ChainMemberError):
-                        op, exc = exc.op, exc.exc
-                    where = f"op '{op}' of actor '{spec.name}'" if op else f"actor '{spec.name}'"
-                    raise ActorError(f"{where} (stream '{self.graph.stream_of(spec.name)}') "
-                                     f"failed at iteration 0: {type(exc).__name__}: {exc}",
-                                     spec.name, op) from exc
+                    raise _actor_error(spec.name, self.graph.stream_of(spec.name), exc, 0)
             self.fired[spec.name] = 1
             if spec.outputs == 1:
                 values[Port(spec.name, 0)] = res
@@ -360,13 +367,7 @@ class _Run:
             if own is not None and actor.stream is own and \
                     isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise exc                 # Ctrl-C in the caller's own loop stays Ctrl-C
-            op = None
-            if isinstance(exc, ChainMemberError):
-                op, exc = exc.op, exc.exc
-            where = f"op '{op}' of actor '{actor.name}'" if op else f"actor '{actor.name}'"
-            raise ActorError(f"{where} (stream '{actor.stream.name}') failed at "
-                             f"iteration {iteration}: {type(exc).__name__}: {exc}",
-                             actor.name, op) from exc
+            raise _actor_error(actor.name, actor.stream.name, exc, iteration)
         if results is None:               # a pooled thread is still in its loop
             results = {n: a.values for n, a in self.actors.items() if isinstance(a, SinkActor)}
         return results
