@@ -11,11 +11,19 @@ wraps arrays in Tensors and unwraps the results (so everything a graph does
 keeps working: global tensors and box nodes, random ops, ops recorded whole,
 ``set_grad``, the optimizer update).
 
-Values travel as: a graph input, the caller's Tensor; a local node output, its
-array; a global Value, its Tensor (global nodes always run their Step).  A
-lowered op reads a parameter's current array inline (``p._data``: the
+Values travel as: a graph input, the caller's Tensor; a node output, its
+array (a global Value's: this rank's piece).  A lowered op reads a
+parameter's current array inline (``p._data``, the piece of a global one: the
 optimizer may replace it between steps) and a folded constant's array as a
 constant.
+
+Global tensors.  A call on global tensors has its SBP signature fixed at
+compile time and its inputs boxed by box nodes (passes/sbp.py), so the op
+runs on the pieces as they are: when no candidate of its signature translates
+shape arguments to the piece or scales the outputs (a mean over a split dim),
+``piece_node`` gives the same node over local Values of the pieces' shapes,
+and the op's rule lowers that.  Box nodes, and the rest, run their Steps
+(which MPI needs in program order on every rank: the straight line keeps it).
 
 Buffers.  A lowered forward writes its output into a buffer of the plan
 (``out=``) when one is free: a buffer is an arena of bytes, reused across
@@ -39,9 +47,11 @@ kernels cost plus a call each.
 """
 import numpy as np
 
+from ..distributed.boxing import local_shape
+from ..distributed.pieces import label
 from ..runtime.chains import ChainMemberError, straight_line
 from ..tensor import Tensor
-from .ir import Value, substitute
+from .ir import Node, Value, substitute
 from .kernel_ops import rule_for
 from .passes.memory import contexts, liveness
 
@@ -100,21 +110,20 @@ def _filler(item):
 
 # ------------------------------------------------------------------ adapters
 def _adapted(step):
-    """The Step as a function of arrays: local node values are wrapped in
-    Tensors for it and its Tensor results unwrapped."""
-    wraps = [(v.dtype, v.device) if v.kind == "node" and v.placement is None
-             and v.device is not None else None for v in step.feeds]    # (a seed: no device)
-    local = [v.placement is None for v in step.node.outputs]
+    """The Step as a function of arrays: node values are wrapped in Tensors for
+    it (a global one labelled with its layout) and its Tensor results
+    unwrapped to their arrays (a global one's piece)."""
+    wraps = [_wrapper(v) if v.kind == "node" and v.device is not None else None
+             for v in step.feeds]                                   # (a seed: no device)
     n_out = len(step.node.outputs) + (1 if step.emits_ctx else 0)
-    make = Tensor._make
     wants = step.wants_ctx
 
     def run(*values):
-        args = [a if w is None else make(a, w[0], w[1]) for a, w in zip(values, wraps)]
+        args = [a if w is None else w(a) for a, w in zip(values, wraps)]
         if wants:
             args.append(values[-1])
         res = step(*args)
-        out = [r._data if loc and isinstance(r, Tensor) else r for r, loc in zip(res, local)]
+        out = [r._data if isinstance(r, Tensor) else r for r in res[:len(step.node.outputs)]]
         if step.emits_ctx:
             out.append(res[-1])
         if n_out == 0:
@@ -122,6 +131,43 @@ def _adapted(step):
         return out[0] if n_out == 1 else tuple(out)
     template = list(range(len(step.feeds) + (1 if wants else 0)))
     return run, template
+
+
+def _wrapper(v):
+    """The function wrapping an array of Value ``v`` in a Tensor (for a global
+    Value: its piece, labelled with ``v``'s placement, SBP and logical shape)."""
+    make, dtype, device = Tensor._make, v.dtype, v.device
+    if v.placement is None:
+        return lambda a: make(a, dtype, device)
+    placement, sbp, shape = v.placement, v.sbp, tuple(v.shape)
+    return lambda a: label(make(a, dtype, device), placement, sbp, shape)
+
+
+def piece_node(node):
+    """A node over the pieces: ``node`` (a call on global tensors whose signature
+    is fixed) with every global Value replaced by a local Value of its piece's
+    shape (the same id), when the op runs on the pieces as they are (no
+    candidate translates shape arguments or scales the outputs); else None.
+    A local node is returned as it is."""
+    sig = node.attrs.get("signature")
+    if sig is None:
+        return node
+    if sig[0] is not node.target or any(c.localize is not None or c.scale is not None
+                                        for c in sig[2]):
+        return None
+    return _on_pieces(node)
+
+
+def _on_pieces(node):
+    def piece(v):
+        if not isinstance(v, Value) or v.placement is None:
+            return v
+        return Value(local_shape(v.shape, v.placement, v.sbp), v.dtype, v.device, v.kind,
+                     v.name, v.producer, v.tensor, v.requires_grad, id=v.id)
+    attrs = {k: a for k, a in node.attrs.items() if k != "signature"}
+    return Node(node.kind, node.target, substitute(node.args, piece),
+                substitute(node.kwargs, piece), [piece(v) for v in node.outputs], attrs,
+                node.name, node.id)
 
 
 def _template(node, feeds, wants_ctx, args):
@@ -192,19 +238,21 @@ def kernel_steps(graph, steps, pool=True):
     ``pool``: lowered forwards write into the plan's reused buffers."""
     nodes = graph.nodes
     trial = {}                  # forward node id -> (rule, Lowered) without buffers
+    pieces = {}                 # node id -> the node over the pieces (piece_node)
     for st in steps:
         node = st.node
-        if node.kind not in ("call", "fn") or not node.outputs \
-                or node.attrs.get("signature") is not None or node.attrs.get("replay"):
+        if node.kind not in ("call", "fn") or not node.outputs or node.attrs.get("replay"):
             continue
-        rule = rule_for(node)
+        node = piece_node(node)
+        rule = rule_for(node) if node is not None else None
         low = rule(node, _no_buffer, st.emits_ctx) if rule is not None else None
         if low is not None and (not st.emits_ctx or low.backward is not None):
             trial[node.id] = (rule, low)
+            pieces[node.id] = node
 
     kept = dict(contexts(graph))
     for nid, (_, low) in trial.items():
-        kept[nid] = (_kept_by_lowered(_node(nodes, nid), low), 0, {})
+        kept[nid] = (_kept_by_lowered(pieces[nid], low), 0, {})
     last = liveness(graph, kept)
     for v in graph.output_values():
         last[v.id] = FOREVER
@@ -218,7 +266,7 @@ def kernel_steps(graph, steps, pool=True):
     lowered_fwd = {}            # forward node id -> its final Lowered
     out = []
     for i, st in enumerate(steps):
-        node = st.node
+        node = pieces.get(st.node.id, st.node)
         pooled = set()
         if node.id in trial:
             rule = trial[node.id][0]
@@ -251,10 +299,6 @@ def kernel_steps(graph, steps, pool=True):
                 buffers.death[r] = max(buffers.death.get(r, i), last.get(v.id, i))
         out.append(ks)
     return out, buffers.nbytes
-
-
-def _node(nodes, nid):
-    return next(n for n in nodes if n.id == nid)
 
 
 # ------------------------------------------------------------------ running
@@ -295,13 +339,14 @@ def sequential_function(graph, ksteps):
 
 
 def as_tensor(v, x):
-    """A graph value ``x`` of Value ``v`` as build() returns it: arrays of local
-    node values wrapped in Tensors; state and constants as their tensors."""
+    """A graph value ``x`` of Value ``v`` as build() returns it: arrays of node
+    values wrapped in Tensors (a global one's piece labelled); state and
+    constants as their tensors."""
     if v.kind in ("state", "const"):
         return v.tensor
     if isinstance(x, Tensor) or v.device is None:
         return x
-    return Tensor._make(x, v.dtype, v.device)
+    return _wrapper(v)(x)
 
 
 def outputs_of(graph, values):

@@ -138,4 +138,20 @@ def explain_lists_box_nodes():
 check("tensor-parallel GPT block, graph (actors): no eager dispatch, equals one rank",
       train, "actors")
 check("explain lists the box nodes (collective, bytes)", explain_lists_box_nodes)
+
+
+def global_nodes_run_as_kernels():
+    """The kernel-level plan lowers the global nodes whose ops run on the pieces as
+    they are (their piece shapes), and the steps above equal one rank with it."""
+    step = train("sequential")
+    steps = step.plans[0].runnable_steps()
+    on_pieces = {k.node.id for k in steps if k.node.attrs.get("signature") is not None}
+    lowered = {k.node.op_name for k in steps if k.lowered and (
+        k.node.id in on_pieces or k.node.attrs.get("forward") in on_pieces)}
+    assert {"Linear", "LinearBackward", "LayerNorm", "Softmax"} <= lowered, lowered
+    assert not any(k.lowered for k in steps if k.kind == "box")
+
+
+check("global nodes run as kernels on their pieces (sequential), equal to one rank",
+      global_nodes_run_as_kernels)
 check.report_and_exit()
