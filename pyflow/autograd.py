@@ -22,11 +22,18 @@ import functools
 import threading
 import weakref
 
+import numpy as np
+
 from ._hooks import HOOKS
-from .tensor import Tensor
+from ._hooks import _state as _trace
+from .kernels.registry import get as _kernel
+from .tensor import Tensor, host_tensor
 
 __all__ = ["Function", "backward", "grad", "no_grad", "enable_grad",
            "set_grad_enabled", "is_grad_enabled"]
+
+_new = object.__new__           # (objects made on every recorded op skip __init__)
+_wref = weakref.ref
 
 
 # ---------------------------------------------------------------- grad mode
@@ -35,6 +42,9 @@ class _GradMode(threading.local):
 
 
 _mode = _GradMode()
+# The calling thread's grad mode, ``GRAD_MODE.enabled``: ops' fast paths read it
+# instead of calling is_grad_enabled() (a call costs more than the read).
+GRAD_MODE = _mode
 
 
 def is_grad_enabled():
@@ -107,11 +117,21 @@ class Context:
     needs_input_grad = ()
     non_differentiable = ()
     materialize_grads = True
+    _outputs = ()           # (saved index, output index) of saved outputs (_unlink_outputs)
+    _node = None            # then a weak reference to the Node of this call
 
     def save_for_backward(self, *tensors):
         # Remember each tensor's version: an in-place change before backward
-        # would silently corrupt the gradient, so backward checks it.
-        self._saved = tuple((t, t._version[0]) if t is not None else (None, 0) for t in tensors)
+        # would silently corrupt the gradient, so backward checks it.  (A loop,
+        # not a generator: this runs in every recorded op.)
+        if len(tensors) == 1:
+            t = tensors[0]
+            self._saved = ((t, t._version[0]) if t is not None else (None, 0),)
+            return
+        saved = []
+        for t in tensors:
+            saved.append((t, t._version[0]) if t is not None else (None, 0))
+        self._saved = tuple(saved)
 
     @property
     def saved_tensors(self):
@@ -128,6 +148,12 @@ class Context:
                     f"by an inplace operation: saved tensor {i} of shape {tuple(t.shape)} is at "
                     f"version {t._version[0]}; expected version {version} instead.")
             out.append(t)
+        if self._outputs:
+            node = self._node()
+            if node is not None:        # a saved output comes back as an output of node
+                for i, j in self._outputs:
+                    t = out[i] = _alias(out[i])
+                    t.requires_grad, t.grad_fn, t._out_idx = True, node, j
         return tuple(out)
 
     def mark_non_differentiable(self, *tensors):
@@ -145,7 +171,7 @@ class Node:
         self.hooks = None         # {output index: [hook]}
         self.fn = fn              # the Function subclass
         self.ctx = ctx
-        self.edges = edges        # per input: (Node, output index) or None
+        self.edges = edges        # per input: (Node, output index[, the leaf]) or None
         self.out_meta = out_meta  # per output: (shape, dtype, device) for zero grads
 
     def name(self):
@@ -156,7 +182,7 @@ class Node:
 
     @property
     def next_functions(self):
-        return tuple(self.edges)
+        return tuple(e if e is None else e[:2] for e in self.edges)
 
     def apply(self, grads):
         ctx = self.ctx
@@ -164,8 +190,11 @@ class Node:
             raise RuntimeError("Trying to backward through the graph a second time; "
                                "pass retain_graph=True to the first backward().")
         if ctx.materialize_grads:
-            grads = [g if g is not None else HOOKS.zeros(s, dtype=d, device=dev)
-                     for g, (s, d, dev) in zip(grads, self.out_meta)]
+            for g in grads:
+                if g is None:       # (tested first: most calls have every gradient)
+                    grads = [g if g is not None else HOOKS.zeros(s, dtype=d, device=dev)
+                             for g, (s, d, dev) in zip(grads, self.out_meta)]
+                    break
         res = self.fn.backward(ctx, *grads)
         if not isinstance(res, tuple):
             res = (res,)
@@ -177,12 +206,25 @@ class Node:
 
 
 class AccumulateGrad:
-    """Sink of a leaf tensor: adds the incoming gradient into ``tensor.grad``."""
-    __slots__ = ("tensor", "__weakref__")
+    """Sink of a leaf tensor: adds the incoming gradient into ``tensor.grad``.
+
+    One per leaf, made on the leaf's first use in a recorded op and kept by the
+    leaf (``t._accumulator``) for its life, so a graph costs no new node per
+    leaf.  It refers to the leaf weakly: a strong reference back would make a
+    cycle that only the cyclic garbage collector frees (graph mode makes fresh
+    leaves of activations every step, and such cycles once kept about 27 MB of
+    ResNet-50 activations a step alive until a collection ran).  The leaf stays
+    alive while a graph uses it all the same, as in PyTorch: the edges to its
+    node carry the leaf itself (``_input_edge``)."""
+    __slots__ = ("_tensor", "__weakref__")
     edges = ()
 
     def __init__(self, tensor):
-        self.tensor = tensor
+        self._tensor = weakref.ref(tensor)
+
+    @property
+    def tensor(self):
+        return self._tensor()
 
     def name(self):
         return "AccumulateGrad"
@@ -193,28 +235,23 @@ class AccumulateGrad:
     next_functions = ()
 
 
-def _leaf_edge(t):
-    """The leaf's AccumulateGrad node: one per leaf while a graph uses it.
-
-    The tensor refers to its node only weakly (PyTorch's ``grad_accumulator_``
-    is a weak pointer too): the node refers to the tensor, and a strong
-    reference back would make a cycle that only the cyclic garbage collector
-    frees.  Graph mode makes fresh leaves of activations every step (ops run
-    with eager autograd, executor.py), and those cycles kept about 27 MB of
-    ResNet-50 activations a step alive until a collection ran."""
-    ref = t._accumulator
-    acc = None if ref is None else ref()
+def _input_edge(t):
+    """The edge to ``t``, a tensor that requires grad: (its grad_fn, its output
+    index), or for a leaf (its AccumulateGrad, 0, the leaf): the third item keeps
+    the leaf alive while the graph is (the node refers to it weakly)."""
+    fn = t.grad_fn
+    if fn is not None:
+        return (fn, t._out_idx)
+    acc = t._accumulator
     if acc is None:
-        acc = AccumulateGrad(t)
-        t._accumulator = weakref.ref(acc)
-    return (acc, 0)
+        acc = t._accumulator = _new(AccumulateGrad)
+        acc._tensor = _wref(t)
+    return (acc, 0, t)
 
 
 def _edge(t):
-    if t.grad_fn is not None:
-        return (t.grad_fn, t._out_idx)
-    if t.requires_grad:
-        return _leaf_edge(t)
+    if t.grad_fn is not None or t.requires_grad:
+        return _input_edge(t)
     return None
 
 
@@ -266,44 +303,131 @@ class Function:
 
 
 def _attach(cls, ctx, args, out):
-    """Record one call: a Node that is the grad_fn of every differentiable output."""
-    needs, edges = [], []
-    for a in args:
-        if isinstance(a, Tensor) and a.requires_grad:
-            needs.append(True)
-            fn = a.grad_fn
-            edges.append((fn, a._out_idx) if fn is not None else _leaf_edge(a))
-        else:
-            needs.append(False)
-            edges.append(None)
-    ctx.needs_input_grad = tuple(needs)
+    """Record one call: a Node that is the grad_fn of every differentiable output.
+
+    Also called, as ``record``, by ops that run a Function's forward work
+    themselves (their fast paths, pyflow/ops/_util.py ``local``): ``ctx`` then
+    holds what ``cls.forward`` would have left, and the op has checked what
+    ``apply`` checks (grad mode on, no global argument, no graph trace)."""
+    n = len(args)
+    if n == 2:                      # one or two inputs, the most common: no lists
+        a, b = args
+        ea = _input_edge(a) if isinstance(a, Tensor) and a.requires_grad else None
+        eb = _input_edge(b) if isinstance(b, Tensor) and b.requires_grad else None
+        edges = (ea, eb)
+        ctx.needs_input_grad = _NEEDS[ea is not None][eb is not None]
+    elif n == 1:
+        a = args[0]
+        ea = _input_edge(a) if isinstance(a, Tensor) and a.requires_grad else None
+        edges = (ea,)
+        ctx.needs_input_grad = _NEEDS[ea is not None][2]
+    else:
+        needs, edges = [], []
+        for a in args:
+            if isinstance(a, Tensor) and a.requires_grad:
+                needs.append(True)
+                edges.append(_input_edge(a))
+            else:
+                needs.append(False)
+                edges.append(None)
+        ctx.needs_input_grad = tuple(needs)
+        edges = tuple(edges)
+    # Node.__init__'s work inline: one Node per recorded op
+    node = _new(Node)
+    node.hooks = None
+    node.fn, node.ctx, node.edges = cls, ctx, edges
     if type(out) is tuple:
-        node = Node(cls, ctx, tuple(edges), tuple((o._data.shape, o.dtype, o.device) for o in out))
+        node.out_meta = tuple([(o._data.shape, o.dtype, o.device) for o in out])
         nondiff = ctx.non_differentiable
         for i, o in enumerate(out):
             if o.dtype.is_floating_point and not any(o is n for n in nondiff):
                 o.requires_grad, o.grad_fn, o._out_idx = True, node, i
     else:
-        node = Node(cls, ctx, tuple(edges), ((out._data.shape, out.dtype, out.device),))
+        node.out_meta = ((out._data.shape, out.dtype, out.device),)
         if out.dtype.category == 2 and not ctx.non_differentiable:
             out.requires_grad, out.grad_fn = True, node
+    if ctx._saved:
+        _unlink_outputs(ctx, node, out)
+    return out
+
+
+# needs_input_grad of one or two inputs, shared: _NEEDS[first][second], or
+# _NEEDS[first][2] for one input
+_NEEDS = (((False, False), (False, True), (False,)), ((True, False), (True, True), (True,)))
+
+
+def _alias(t):
+    """A new tensor object for ``t``'s data: same storage, version counter and
+    view base, no autograd state."""
+    a = _new(Tensor)
+    a._data, a.dtype, a.device = t._data, t.dtype, t.device
+    a.requires_grad = False
+    a.grad = a.grad_fn = a._accumulator = a._hooks = None
+    a._out_idx = 0
+    a._version, a._base = t._version, t._base
+    if t._placement is not None:
+        a._placement, a._sbp, a._logical_shape = t._placement, t._sbp, t._logical_shape
+    return a
+
+
+def _unlink_outputs(ctx, node, out):
+    """Keep the outputs ``forward`` saved (relu, exp, tanh... save their result)
+    as aliases without a grad_fn.  The output itself refers to the node (its
+    grad_fn) and the node to it (ctx): a cycle that only the garbage collector
+    frees, so every such output, its memory and its graph outlived their use
+    until a collection ran (and the collections took about a seventh of a small
+    recorded relu's time).  ``saved_tensors`` gives each back as an output of the
+    node again (grad_fn set), so double backward sees the same graph; ctx
+    refers to the node weakly.  PyTorch's SavedVariable does the same."""
+    saved = ctx._saved
+    if type(out) is not tuple and len(saved) == 1:     # one output, one saved tensor
+        t, version = saved[0]
+        if t is out and t.grad_fn is node:
+            ctx._saved, ctx._outputs, ctx._node = ((_alias(t), version),), ((0, 0),), _wref(node)
+        return
+    outs = out if type(out) is tuple else (out,)
+    marks = []
+    for i, (t, version) in enumerate(saved):
+        if t is None or t.grad_fn is not node:
+            continue
+        for j, o in enumerate(outs):
+            if t is o:
+                marks.append((i, j))
+                break
+    if marks:
+        saved = list(saved)
+        for i, _ in marks:
+            saved[i] = (_alias(saved[i][0]), saved[i][1])
+        ctx._saved, ctx._outputs, ctx._node = tuple(saved), tuple(marks), _wref(node)
+
+
+record = _attach
 
 
 # ---------------------------------------------------------------- the engine
+# Gradients waiting for a node are keyed by the node itself for its output 0
+# and by (node, i) for its other outputs: most nodes have one output, and a
+# node hashes faster than a tuple of its id.
+
+def _key(edge):
+    return edge[0] if edge[1] == 0 else edge
+
+
 def _toposort(roots):
     """Nodes reachable from ``roots``, each after every node that feeds it grads."""
     order, seen = [], set()
     for root in roots:
-        if id(root) in seen:
+        if root in seen:
             continue
         stack = [(root, iter(root.edges))]
-        seen.add(id(root))
+        seen.add(root)
         while stack:
             node, it = stack[-1]
             for e in it:
-                if e is not None and id(e[0]) not in seen:
-                    seen.add(id(e[0]))
-                    stack.append((e[0], iter(e[0].edges)))
+                if e is not None and e[0] not in seen:
+                    child = e[0]
+                    seen.add(child)
+                    stack.append((child, iter(child.edges)))
                     break
             else:
                 stack.pop()
@@ -321,7 +445,7 @@ def _run_backward(outputs, grad_outputs, retain_graph, create_graph, inputs=None
         if e is None:
             raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
         roots.append(e[0])
-        key = (id(e[0]), e[1])
+        key = _key(e)
         pending[key] = g if key not in pending else pending[key] + g
     targets = None
     if inputs is not None:
@@ -330,28 +454,38 @@ def _run_backward(outputs, grad_outputs, retain_graph, create_graph, inputs=None
             e = _edge(t)
             if e is None:
                 raise RuntimeError(f"grad: input {i} does not require grad")
-            targets[(id(e[0]), e[1])] = i
+            targets[_key(e)] = i
     results = [None] * (len(inputs) if inputs is not None else 0)
 
-    with set_grad_enabled(create_graph):
+    mode = _mode                  # set_grad_enabled(create_graph), without its object
+    prev = mode.enabled
+    mode.enabled = bool(create_graph)
+    try:
         for node in _toposort(roots):
             if type(node) is AccumulateGrad:
-                g = pending.pop((id(node), 0), None)
+                g = pending.pop(node, None)
                 if g is None:
                     continue
                 if targets is not None:
-                    if (id(node), 0) in targets:
-                        results[targets[(id(node), 0)]] = g
+                    if node in targets:
+                        results[targets[node]] = g
                     continue
                 _accumulate(node.tensor, g, create_graph)
                 continue
             n_out = len(node.out_meta)
-            grads = [pending.pop((id(node), i), None) for i in range(n_out)]
+            g = pending.pop(node, None)
+            if n_out == 1:
+                if g is None:
+                    continue
+                grads = [g]
+            else:
+                grads = [g] + [pending.pop((node, i), None) for i in range(1, n_out)]
             if targets is not None:
                 for i, g in enumerate(grads):
-                    if (id(node), i) in targets and g is not None:
-                        results[targets[(id(node), i)]] = g
-            if all(g is None for g in grads):
+                    key = node if i == 0 else (node, i)
+                    if key in targets and g is not None:
+                        results[targets[key]] = g
+            if n_out > 1 and all(g is None for g in grads):
                 continue
             if node.hooks:  # hooks registered on non-leaf outputs (register_hook, retain_grad)
                 for i, hooks in node.hooks.items():
@@ -360,17 +494,20 @@ def _run_backward(outputs, grad_outputs, retain_graph, create_graph, inputs=None
                             r = hook(grads[i])
                             grads[i] = grads[i] if r is None else r
             in_grads = node.apply(grads)
-            if len(in_grads) < len(node.edges):
+            edges = node.edges
+            if len(in_grads) < len(edges):
                 raise RuntimeError(f"{node.fn.__name__}.backward returned {len(in_grads)} "
-                                   f"gradients, expected {len(node.edges)} (one per forward input)")
-            for e, g in zip(node.edges, in_grads):
+                                   f"gradients, expected {len(edges)} (one per forward input)")
+            for e, g in zip(edges, in_grads):
                 if e is None or g is None:
                     continue
-                key = (id(e[0]), e[1])
-                prev = pending.get(key)
-                pending[key] = g if prev is None else prev + g
+                key = e[0] if e[1] == 0 else e
+                prev_g = pending.get(key)
+                pending[key] = g if prev_g is None else prev_g + g
             if not retain_graph:
                 node.release()
+    finally:
+        mode.enabled = prev
     return results
 
 
@@ -381,15 +518,52 @@ def _accumulate(t, g, create_graph):
         r = hook(g)
         if r is not None:
             g = r
-    if g.shape != t.shape:
+    if g._logical_shape is None and t._logical_shape is None:
+        mismatch = g._data.shape != t._data.shape      # (Tensor.shape, without two Sizes)
+    else:
+        mismatch = g.shape != t.shape
+    if mismatch:
         raise RuntimeError(f"gradient of shape {tuple(g.shape)} does not match "
                            f"tensor of shape {tuple(t.shape)}")
-    if t.grad is None:
+    grad = t.grad
+    if grad is None:
         t.grad = g if create_graph else g.detach()
         if not create_graph and g._data.base is not None:  # never alias another tensor
             t.grad = g.detach().clone()
-    else:
-        t.grad = t.grad + g if create_graph else t.grad.add_(g.detach())
+    elif create_graph:
+        t.grad = grad + g
+    elif not _add_into(grad, g):
+        t.grad = grad.add_(g.detach())
+
+
+def _add_into(dst, g):
+    """``dst.add_(g)`` for two host tensors of one dtype and shape, by the add
+    kernel writing into ``dst``'s storage: the same sum as ``add_`` (which adds
+    into a new array and copies it in) without its dispatch.  False, having
+    done nothing, in any other case."""
+    d, gd = dst._data, g._data
+    if type(d) is not np.ndarray or type(gd) is not np.ndarray or d.shape != gd.shape \
+            or dst.dtype is not g.dtype or dst._placement is not None \
+            or g._placement is not None or _trace.tracer is not None:
+        return False
+    dtype = dst.dtype
+    if dtype.storage is not dtype.compute or not d.flags.writeable:
+        return False
+    _kernel("add", "cpu")(d, gd, out=d)
+    dst._version[0] += 1
+    return True
+
+
+def _ones_like(t):
+    """The implicit gradient of a one-element output: ones of its shape."""
+    d = t._data
+    dtype = t.dtype
+    if type(d) is np.ndarray and dtype.storage is dtype.compute and t._placement is None \
+            and _trace.tracer is None:
+        ones = np.empty(d.shape, d.dtype)       # (np.ones is a Python function)
+        ones.fill(1)
+        return host_tensor(ones, dtype, t.device)
+    return HOOKS.ones_like(t)
 
 
 def _as_grads(tensors, grad_tensors, what):
@@ -399,7 +573,7 @@ def _as_grads(tensors, grad_tensors, what):
             if t.numel() != 1:
                 raise RuntimeError(f"{what}: grad can be implicitly created only for scalar "
                                    f"outputs; output {i} has shape {tuple(t.shape)}, pass a gradient")
-            g = HOOKS.ones_like(t)
+            g = _ones_like(t)
         elif tuple(g.shape) != tuple(t.shape):
             raise RuntimeError(f"{what}: gradient {i} has shape {tuple(g.shape)}, expected "
                                f"{tuple(t.shape)} (the shape of the output)")

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from ._hooks import HOOKS
+from ._hooks import _state as _trace
 from ._print import format_tensor
 from .device import CPU, as_device, backend_of, check_available
 from .kernels.registry import get as _kernel
@@ -67,6 +68,27 @@ def _check_storage(data, dtype, device):
         f"result on the wrong device (use the data's array module or a registered kernel)")
 
 
+_new = object.__new__
+
+
+def host_tensor(data, dtype, device):
+    """``Tensor._make(data, dtype, device)`` for ``data`` a host ndarray in
+    ``dtype.storage`` that no other tensor holds (a kernel's result, not a view
+    of a tensor): the ops' fast paths build their results with it,
+    skipping ``_make``'s storage check and default arguments (a fifth of a small
+    op's time).  They run only while the calling thread traces no graph: the tracer
+    hooks ``_make`` to see every tensor made at the top of ``build()``."""
+    t = _new(Tensor)
+    t._data = data
+    t.dtype = dtype
+    t.device = device
+    t.requires_grad = False
+    t.grad = t.grad_fn = t._accumulator = t._hooks = t._base = None
+    t._out_idx = 0
+    t._version = [0]
+    return t
+
+
 class Size(tuple):
     """torch.Size: a tuple of ints."""
 
@@ -98,7 +120,7 @@ class Tensor:
     @classmethod
     def _make(cls, data, dtype, device=CPU, requires_grad=False, base=None):
         """Wrap a NumPy array (already in ``dtype.storage``) without copying."""
-        if type(data) is not np.ndarray or device.type != "cpu":
+        if type(data) is not np.ndarray or device is not CPU and device.type != "cpu":
             _check_storage(data, dtype, device)
         t = object.__new__(cls)
         t._data = data
@@ -120,7 +142,21 @@ class Tensor:
 
     def _view_of(self, data):
         """A new tensor viewing ``data`` (a view of this tensor's storage)."""
-        return Tensor._make(data, self.dtype, self.device, base=self)
+        if _trace.tracer is not None or type(data) is not np.ndarray \
+                or type(self._data) is not np.ndarray:
+            # the tracer hooks _make to see identity views; device data is checked there
+            return Tensor._make(data, self.dtype, self.device, base=self)
+        t = _new(Tensor)            # _make's work for a host view, without the call
+        t._data = data
+        t.dtype = self.dtype
+        t.device = self.device
+        t.requires_grad = False
+        t.grad = t.grad_fn = t._accumulator = t._hooks = None
+        t._out_idx = 0
+        t._version = self._version
+        base = self._base
+        t._base = self if base is None else base
+        return t
 
     # ------------------------------------------------------------- metadata
     @property

@@ -158,7 +158,7 @@ def test_backward_through_views():
 
 
 def test_a_leaf_used_in_a_graph_is_freed_without_the_cycle_collector():
-    """A leaf refers to its AccumulateGrad node weakly: no tensor <-> node cycle
+    """An AccumulateGrad node refers to its leaf weakly: no tensor <-> node cycle
     keeps it (and its memory) alive until the garbage collector runs."""
     import gc
     import weakref

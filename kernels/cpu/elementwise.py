@@ -51,6 +51,19 @@ def ufunc(name, np_dtype):
 def _make_kernel(name):
     simd = _NUMPY_SIMD.get(name)
     fast = name in activation.UNARY or name in activation.BINARY
+    if simd is None and not fast and name != "where":
+        by_dtype = {}           # input dtype -> the ufunc: no (name, dtype) key per call
+
+        def kernel(*arrays, out=None):
+            dt = arrays[0].dtype
+            u = by_dtype.get(dt)
+            if u is None:
+                u = by_dtype[dt] = ufunc(name, dt)
+            return u(*arrays, out=out)
+        kernel.specialize = lambda np_dtype: ufunc(name, np_dtype)
+        kernel.__name__ = name
+        kernel.__doc__ = f"CPU kernel of {name!r} (ufunc built from kernels.scalar)"
+        return kernel
 
     def kernel(*arrays, out=None):
         if simd is not None:

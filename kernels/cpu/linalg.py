@@ -77,6 +77,9 @@ def matmul(a, b, out=None):
         a = np.ascontiguousarray(a)
     if not _blas_ready(b):
         b = np.ascontiguousarray(b)
+    if out is None and a.ndim == 2 and b.ndim == 2 and \
+            2 * a.shape[0] * a.shape[1] * b.shape[1] < blas.MKL_MIN_FLOPS:
+        return np.matmul(a, b)      # what blas.matmul does below MKL's size, without its checks
     if out is not None:
         return blas.matmul(a, b, out=out)
     if (not blas.uses_mkl(a, b) and _WORKERS > 1 and a.ndim >= 3

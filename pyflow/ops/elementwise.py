@@ -12,11 +12,12 @@ import numpy as np
 
 from .. import _hooks
 from .. import dtypes as _dt
-from ..autograd import Function, is_grad_enabled
+from ..autograd import GRAD_MODE, Context, Function, is_grad_enabled, record
 from ..kernels import scalar as _scalar
 from ..tensor import Tensor
 from ._method import tensor_method
 from ..tensor import TENSOR_TYPES as _TENSOR_TYPES
+from ..tensor import host_tensor
 from ._util import (array_module, broadcast_shapes, check_scalar_fits, compute_array, kernel,
                     scalar_of, unbroadcast, wrap)
 from .creation import zeros_like
@@ -63,20 +64,31 @@ _KIND = {n: _kind(n) for n in (*_scalar.UNARY, *_scalar.BINARY, *_scalar.TERNARY
 _BOOL_RESULT = ("compare", "logical")
 
 
+def _same_kind(a, xs):
+    """Every one of ``xs`` a tensor of ``a``'s dtype and device."""
+    for x in xs:
+        if type(x) not in _TENSOR_TYPES or x.dtype is not a.dtype or x.device is not a.device:
+            return False
+    return True
+
+
 def _elementwise(name, *xs):
     """Run elementwise op ``name`` on tensors/numbers; returns a new Tensor."""
     kind = _KIND[name]
     a = xs[0]
-    # Fast path: tensors of one dtype and device (the common case in a model).
-    if kind != "select" and type(a) in _TENSOR_TYPES and all(
-            type(x) in _TENSOR_TYPES and x.dtype is a.dtype and x.device is a.device for x in xs):
+    # Fast path: tensors of one dtype and device (the common case in a model; the
+    # test is unrolled for one and two operands, as in every activation's backward).
+    if kind != "select" and type(a) in _TENSOR_TYPES and (
+            len(xs) == 1 or len(xs) == 2 and type(xs[1]) in _TENSOR_TYPES and
+            xs[1].dtype is a.dtype and xs[1].device is a.device or _same_kind(a, xs)):
         dtype, dev = a.dtype, a.device
         if dtype is _dt.bool and name in _NOT_FOR_BOOL:
             _refuse_bool(name)
         if dtype.storage is dtype.compute and (kind != "float" or dtype.category == 2) \
                 and kind != "logical":
+            k = kernel(name, dev.type)
             try:
-                res = kernel(name, dev.type)(*[x._data for x in xs])
+                res = k(a._data, xs[1]._data) if len(xs) == 2 else k(*[x._data for x in xs])
             except ValueError:
                 _raise_not_broadcastable(name, xs)
             if not hasattr(res, "shape"):   # a NumPy scalar from a 0-d ufunc call
@@ -204,7 +216,9 @@ def _rounded(x, dtype, device):
 
 def _grad_for(g, x):
     """Fit gradient ``g`` to input ``x``: undo broadcasting, restore dtype."""
-    g = unbroadcast(g, x.shape)
+    if g._data.shape != x._data.shape or g._logical_shape is not None \
+            or x._logical_shape is not None:    # (the same shapes: nothing to undo)
+        g = unbroadcast(g, x.shape)
     return g if g.dtype is x.dtype else g.to(x.dtype)
 
 
@@ -213,11 +227,16 @@ def _needs(ctx, i):
 
 
 # ------------------------------------------------------------------ binary arithmetic
+def _keep_inputs(ctx, a, b):
+    """What add and sub's backward needs: the operands' shapes and dtypes."""
+    ctx.inputs = (a, b)
+
+
 class Add(Function):
     sbp_rule = add_sub_rule
     @staticmethod
     def forward(ctx, a, b):
-        ctx.inputs = (a, b)
+        _keep_inputs(ctx, a, b)
         return _elementwise("add", a, b)
 
     @staticmethod
@@ -231,7 +250,7 @@ class Sub(Function):
     sbp_rule = add_sub_rule
     @staticmethod
     def forward(ctx, a, b):
-        ctx.inputs = (a, b)
+        _keep_inputs(ctx, a, b)
         return _elementwise("sub", a, b)
 
     @staticmethod
@@ -241,12 +260,18 @@ class Sub(Function):
                 _grad_for(neg(g), b) if _needs(ctx, 1) else None)
 
 
+def _save_operands(ctx, a, b):
+    """Save the tensor operands (a Python number is kept in ``ctx.scalars``)."""
+    ctx.save_for_backward(a if isinstance(a, Tensor) else None,
+                          b if isinstance(b, Tensor) else None)
+    ctx.scalars = (a, b)
+
+
 class Mul(Function):
     sbp_rule = mul_rule
     @staticmethod
     def forward(ctx, a, b):
-        ctx.save_for_backward(*(x if isinstance(x, Tensor) else None for x in (a, b)))
-        ctx.scalars = (a, b)
+        _save_operands(ctx, a, b)
         return _elementwise("mul", a, b)
 
     @staticmethod
@@ -260,8 +285,7 @@ class Div(Function):
     sbp_rule = div_rule
     @staticmethod
     def forward(ctx, a, b):
-        ctx.save_for_backward(*(x if isinstance(x, Tensor) else None for x in (a, b)))
-        ctx.scalars = (a, b)
+        _save_operands(ctx, a, b)
         return _elementwise("div", a, b)
 
     @staticmethod
@@ -309,7 +333,7 @@ class Pow(Function):
 def _restore(ctx):
     """Saved tensor operands (version-checked) with Python numbers put back."""
     saved = ctx.saved_tensors
-    return tuple(s if isinstance(x, Tensor) else x for s, x in zip(saved, ctx.scalars))
+    return tuple([s if isinstance(x, Tensor) else x for s, x in zip(saved, ctx.scalars)])
 
 
 class _MaxMin(Function):
@@ -358,42 +382,146 @@ class Remainder(Function):
                 _grad_for(neg(mul(g, floor_divide(a, b))), b) if _needs(ctx, 1) else None)
 
 
+# ------------------------------------------------------------------ direct calls
+# The common cases of add, sub, mul, div and the unary ops run their Function's
+# forward work themselves: one kernel call, then (when an input requires grad and
+# grad mode is on) the same record ``Function.apply`` would make, with the ctx
+# the forward fills.  ``local`` (_util) says when that is allowed; each helper
+# returns None whenever its own conditions do not hold, and the op takes the
+# general path (``Function.apply``), which also explains bad input.
+_CPU = {}                       # op name -> its CPU kernel (a registry call saved)
+_trace = _hooks._state          # .tracer: this thread's graph tracer, or None
+
+
+def _cpu_kernel(name):
+    """Op ``name``'s CPU kernel, from the registry on the first call (the CPU
+    kernels load on first use, not when pyflow is imported)."""
+    k = _CPU[name] = kernel(name, "cpu")
+    return k
+
+
+# name -> (Function, what its forward keeps in ctx, the dtype categories it takes
+# directly): div makes floats of integers (a dtype change: the general path), and
+# sub refuses bool operands (the general path raises PyTorch's error).
+_DIRECT_BINARY = {"add": (Add, _keep_inputs, (0, 1, 2)), "mul": (Mul, _save_operands, (0, 1, 2)),
+                  "sub": (Sub, _keep_inputs, (1, 2)), "div": (Div, _save_operands, (2,))}
+
+
+def _direct_binary(name, a, b, swap=False):
+    """``a (name) b`` (``b (name) a`` with ``swap``) by one kernel call: ``a`` a local
+    tensor and ``b`` a local tensor of the same dtype, or a Python int/float that
+    keeps ``a``'s dtype (a float for a float tensor, an int for an integer one, as
+    ``_elementwise``'s own fast path).  Shapes may broadcast (the ufunc does it);
+    a failure goes back to the general path to be explained."""
+    if type(a) not in _TENSOR_TYPES or a._placement is not None \
+            or type(a._data) is not np.ndarray or _trace.tracer is not None:
+        return None                     # (local(a), inline: the most frequent calls)
+    dtype = a.dtype
+    fn, keep, categories = _DIRECT_BINARY[name]
+    if dtype.storage is not dtype.compute or dtype.category not in categories:
+        return None
+    tb = type(b)
+    if tb in _TENSOR_TYPES:
+        if b.dtype is not dtype or b._placement is not None or type(b._data) is not np.ndarray:
+            return None
+        y = b._data
+        grad = a.requires_grad or b.requires_grad
+    elif tb is float and dtype.category == 2 or tb is int and dtype.category > 0:
+        y = dtype.compute.type(b)       # (an int too big for an int64 tensor: OverflowError,
+        grad = a.requires_grad          # as on the general path)
+    else:
+        return None
+    k = _CPU.get(name) or _cpu_kernel(name)
+    try:
+        res = k(y, a._data) if swap else k(a._data, y)
+    except ValueError:                  # shapes that do not broadcast
+        return None
+    if type(res) is not np.ndarray:     # a NumPy scalar from a 0-d ufunc call
+        res = np.asarray(res)
+    out = host_tensor(res, dtype, a.device)
+    if grad and GRAD_MODE.enabled:
+        ctx = Context()
+        args = (b, a) if swap else (a, b)
+        keep(ctx, *args)
+        record(fn, ctx, args, out)
+    return out
+
+
+def _direct_unary(fn, x):
+    """``fn``'s forward (a ``_Unary``) by one kernel call for a local tensor ``x``
+    whose dtype the op keeps: a float one, or any but bool for the
+    sign-and-magnitude ops (neg, abs, sign, relu)."""
+    if type(x) not in _TENSOR_TYPES or x._placement is not None \
+            or type(x._data) is not np.ndarray or _trace.tracer is not None:
+        return None                     # (local(x), inline)
+    dtype = x.dtype
+    name = fn.name
+    if dtype.storage is not dtype.compute or \
+            dtype.category != 2 and (dtype.category == 0 or _KIND[name] != "arith"):
+        return None
+    res = (_CPU.get(name) or _cpu_kernel(name))(x._data)
+    if type(res) is not np.ndarray:
+        res = np.asarray(res)
+    out = host_tensor(res, dtype, x.device)
+    if x.requires_grad and GRAD_MODE.enabled:
+        ctx = Context()
+        ctx.save_for_backward(x if fn.save == "x" else out)
+        record(fn, ctx, (x,), out)
+    return out
+
+
 @tensor_method("add", "__add__")
 def add(input, other, *, alpha=1):
-    return Add.apply(input, other if alpha == 1 else mul(other, alpha))
+    if alpha == 1:
+        out = _direct_binary("add", input, other)
+        if out is not None:
+            return out
+        return Add.apply(input, other)
+    return Add.apply(input, mul(other, alpha))
 
 
 @tensor_method("__radd__")
 def _radd(self, other):
-    return Add.apply(other, self)
+    out = _direct_binary("add", self, other, swap=True)
+    return out if out is not None else Add.apply(other, self)
 
 
 @tensor_method("sub", "__sub__")
 def sub(input, other, *, alpha=1):
+    if alpha == 1:
+        out = _direct_binary("sub", input, other)
+        if out is not None:
+            return out
     _check_sub(input, other)
     return Sub.apply(input, other if alpha == 1 else mul(other, alpha))
 
 
 @tensor_method("__rsub__")
 def _rsub(self, other):
+    out = _direct_binary("sub", self, other, swap=True)
+    if out is not None:
+        return out
     _check_sub(other, self)
     return Sub.apply(other, self)
 
 
 @tensor_method("mul", "__mul__")
 def mul(input, other):
-    return Mul.apply(input, other)
+    out = _direct_binary("mul", input, other)
+    return out if out is not None else Mul.apply(input, other)
 
 
 @tensor_method("__rmul__")
 def _rmul(self, other):
-    return Mul.apply(other, self)
+    out = _direct_binary("mul", self, other, swap=True)
+    return out if out is not None else Mul.apply(other, self)
 
 
 @tensor_method("div", "__truediv__")
 def div(input, other, *, rounding_mode=None):
     if rounding_mode is None:
-        return Div.apply(input, other)
+        out = _direct_binary("div", input, other)
+        return out if out is not None else Div.apply(input, other)
     if rounding_mode == "floor":
         return floor_divide(input, other)
     if rounding_mode == "trunc":
@@ -404,7 +532,8 @@ def div(input, other, *, rounding_mode=None):
 
 @tensor_method("__rtruediv__")
 def _rdiv(self, other):
-    return Div.apply(other, self)
+    out = _direct_binary("div", self, other, swap=True)
+    return out if out is not None else Div.apply(other, self)
 
 
 @tensor_method("pow", "__pow__")
@@ -570,6 +699,9 @@ def _unary(name, save, grad_fn, doc):
     floats_only = name in ("gelu", "gelu_tanh", "silu")     # PyTorch has no integer kernels
 
     def op(input):
+        out = _direct_unary(cls, input)       # (floats only: as floats_only asks)
+        if out is not None:
+            return out
         _check_is_tensor(input, public)
         if floats_only and input.dtype.category != 2:
             raise NotImplementedError(f"{public}(): not implemented for {input.dtype.name} "

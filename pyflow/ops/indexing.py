@@ -33,7 +33,7 @@ from ._util import (array_module, broadcast_shapes, check_allocation, check_scal
 from .creation import full, tensor
 from .index import IndexKeyTypeError
 from .inplace import _inplace
-from .shape import SliceView, basic_view, expand
+from .shape import SliceView, basic_view, expand, slice_view
 
 __all__ = ["masked_select", "index_put"]
 
@@ -379,7 +379,7 @@ def _plain_key(shape, key):
 def getitem(self, key):
     plain = _plain_key(self._data.shape, key)
     if plain is not None:          # a view: on a global tensor, the view's own signatures
-        return SliceView.apply(self, plain)
+        return slice_view(self, plain)     # (its fast path: no Function when nothing records)
     return _advanced_getitem(self, key)
 
 

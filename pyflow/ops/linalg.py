@@ -15,10 +15,12 @@ own dtype.
 import math
 
 from .. import dtypes as _dt
-from ..autograd import Function
+from ..autograd import GRAD_MODE, Context, Function, is_grad_enabled, record
 from ..tensor import Tensor
 from ._method import tensor_method
-from ._util import broadcast_shapes, check_tensor, compute_array, kernel, unbroadcast, wrap
+from ..tensor import host_tensor
+from ._util import (broadcast_shapes, check_tensor, compute_array, kernel, local, unbroadcast,
+                    wrap)
 from .elementwise import add, mul
 from .reduce import sum as _sum
 from .shape import reshape, squeeze, unsqueeze
@@ -89,10 +91,32 @@ def _cannot_multiply(op, a, b, why):
                         f"multiplied ({why})")
 
 
+def _direct_matmul(input, other):
+    """``Matmul``'s forward run directly (``local`` operands, see _util) and
+    recorded as ``Matmul.apply`` records it, for the plain case: two matrices of
+    one numeric dtype whose sizes agree.  None otherwise: the general path
+    handles (and checks) everything else."""
+    a, b = input._data, other._data
+    dtype = input.dtype
+    if other.dtype is not dtype or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] \
+            or dtype.category == 0 or dtype.storage is not dtype.compute:
+        return None
+    out = host_tensor(kernel("matmul", "cpu")(a, b), dtype, input.device)
+    if (input.requires_grad or other.requires_grad) and GRAD_MODE.enabled:
+        ctx = Context()
+        ctx.save_for_backward(input, other)
+        record(Matmul, ctx, (input, other), out)
+    return out
+
+
 @tensor_method("matmul", "__matmul__")
 def matmul(input, other):
     """torch.matmul: dot, matrix-vector, vector-matrix, matrix and batched
     products, with the batch dims broadcast."""
+    if local(input) and local(other):
+        out = _direct_matmul(input, other)
+        if out is not None:
+            return out
     check_tensor(input, "input", "matmul")
     check_tensor(other, "other", "matmul")
     _check_device(input, other, "matmul")
@@ -193,6 +217,15 @@ def dot(input, other):
 
 
 # ------------------------------------------------------------------ linear
+def _save_linear(ctx, x, x2, weight):
+    """What Linear's backward needs: ``x`` itself, not only ``x2``, its rows made
+    in forward, where nothing records: a double backward must follow the graph
+    into ``x`` (the weight's gradient depends on it), and ``x2`` would cut it.
+    ``x2`` is kept too when it is a copy (a layout no view could fold), which
+    backward then need not make again."""
+    ctx.save_for_backward(x, weight, None if x2._version is x._version else x2)
+
+
 class Linear(Function):
     """input (*, in) @ weight (out, in).T + bias (out,), as one 2-D GEMM."""
     sbp_rule = linear_rule
@@ -201,7 +234,7 @@ class Linear(Function):
     def forward(ctx, x, weight, bias):
         in_f, out_f = weight.shape[1], weight.shape[0]
         x2 = reshape(x, (_prod(x.shape[:-1]), in_f))   # a view unless x's layout forbids it
-        ctx.save_for_backward(x2, weight)
+        _save_linear(ctx, x, x2, weight)
         ctx.in_shape, ctx.has_bias = tuple(x.shape), bias is not None
         dt = x.dtype
         for t in (weight, bias):
@@ -214,12 +247,14 @@ class Linear(Function):
 
     @staticmethod
     def backward(ctx, g):
-        x2, w = ctx.saved_tensors
+        x, w, x2 = ctx.saved_tensors
+        if x2 is None or is_grad_enabled():    # (a double backward follows x's graph)
+            x2 = x if x.ndim == 2 else reshape(x, (_prod(ctx.in_shape[:-1]), x.shape[-1]))
         g2 = reshape(g, (-1, w.shape[0]))
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             gx = reshape(matmul(g2, w), ctx.in_shape)
-            gx = gx if gx.dtype is x2.dtype else gx.to(x2.dtype)
+            gx = gx if gx.dtype is x.dtype else gx.to(x.dtype)
         if ctx.needs_input_grad[1]:
             gw = _fit(matmul(g2.mT, x2), w)          # one GEMM over all rows
         if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -228,8 +263,42 @@ class Linear(Function):
         return gx, gw, gb
 
 
+def _direct_linear(input, weight, bias):
+    """``Linear``'s forward run directly (``local`` tensors, see _util) and recorded
+    as ``Linear.apply`` records it, for a C-contiguous input of rank >= 1, a 2-D
+    weight of its dtype and a bias of shape (out,) or none; None otherwise (the
+    general path checks and explains)."""
+    x, w = input._data, weight._data
+    dtype = input.dtype
+    if weight.dtype is not dtype or w.ndim != 2 or x.ndim == 0 or x.shape[-1] != w.shape[1] \
+            or dtype.category == 0 or dtype.storage is not dtype.compute \
+            or not x.flags.c_contiguous:
+        return None
+    grad = input.requires_grad or weight.requires_grad
+    if bias is not None:
+        if not local(bias) or bias.dtype is not dtype or bias._data.shape != (w.shape[0],):
+            return None
+        grad = grad or bias.requires_grad
+    lead = x.shape[:-1]
+    x2 = x if x.ndim == 2 else x.reshape(_prod(lead), x.shape[-1])     # the rows: a view
+    out = kernel("linear", "cpu")(x2, w, None if bias is None else bias._data)
+    out = host_tensor(out if x.ndim == 2 else out.reshape(lead + (w.shape[0],)), dtype,
+                      input.device)
+    if grad and GRAD_MODE.enabled:
+        ctx = Context()
+        ctx.save_for_backward(input, weight, None)      # (_save_linear, for a view x2)
+        ctx.in_shape, ctx.has_bias = x.shape, bias is not None
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        record(Linear, ctx, (input, weight, bias), out)
+    return out
+
+
 def linear(input, weight, bias=None):
     """torch.nn.functional.linear: ``input @ weight.T + bias`` for input of any rank >= 1."""
+    if local(input) and local(weight):
+        out = _direct_linear(input, weight, bias)
+        if out is not None:
+            return out
     check_tensor(input, "input", "linear")
     check_tensor(weight, "weight", "linear")
     if bias is not None:

@@ -21,10 +21,12 @@ from collections import namedtuple
 import numpy as np
 
 from .. import dtypes as _dt
-from ..autograd import Function
+from ..autograd import GRAD_MODE, Context, Function, record
 from ..tensor import Tensor
 from ._method import tensor_method
-from ._util import array_module, as_array, check_tensor, compute_array, kernel, normalize_dims, wrap
+from ..tensor import host_tensor
+from ._util import (array_module, as_array, check_tensor, compute_array, kernel, normalize_dims,
+                    local, wrap)
 from .shape import expand, reshape
 from . import elementwise
 from .elementwise import abs, div, eq, exp, logical_and, mul, pow, sign, sub, where
@@ -62,9 +64,13 @@ def _one_dim(input, dim, op):
 
 
 def _reduced_shape(shape, dims, keepdim):
-    if keepdim:
-        return tuple(1 if i in dims else s for i, s in enumerate(shape))
-    return tuple(s for i, s in enumerate(shape) if i not in dims)
+    out = []
+    for i, s in enumerate(shape):
+        if i not in dims:
+            out.append(s)
+        elif keepdim:
+            out.append(1)
+    return tuple(out)
 
 
 def _keep(t, in_shape, dims, keepdim):
@@ -140,9 +146,46 @@ class Sum(Function):
         return (g if g.dtype is ctx.in_dtype else g.to(ctx.in_dtype)), None, None, None
 
 
+_ALL_DIMS = {}                  # ndim -> (0, ..., ndim - 1)
+
+
+def _direct_sum(x, dim, keepdim):
+    """``Sum``'s forward run directly (``local(x)``, see _util) and recorded as
+    ``Sum.apply`` records it, for ``dim`` None or one in-range int and no
+    ``dtype=``; None for anything else (a tuple of dims, a 0-d or half-precision
+    tensor), which takes the general path."""
+    data = x._data
+    n = data.ndim
+    dtype = x.dtype
+    if n == 0 or dtype.storage is not dtype.compute:
+        return None
+    if dim is None:
+        dims = _ALL_DIMS.get(n)
+        if dims is None:
+            dims = _ALL_DIMS[n] = tuple(range(n))
+    elif type(dim) is int and -n <= dim < n:
+        dims = (dim % n,)
+    else:
+        return None
+    out = _dt.int64 if dtype.category < 2 else dtype
+    res = kernel("sum", "cpu")(data, dims, keepdim, out.compute)
+    if type(res) is not np.ndarray:
+        res = np.asarray(res)
+    res = host_tensor(res, out, x.device)
+    if x.requires_grad and GRAD_MODE.enabled:
+        ctx = Context()
+        ctx.in_shape, ctx.dims, ctx.keepdim, ctx.in_dtype = data.shape, dims, keepdim, dtype
+        record(Sum, ctx, (x, dims, keepdim, None), res)
+    return res
+
+
 @tensor_method()
 def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
     """Sum over ``dim``; bool and integer inputs sum to int64 (PyTorch's rule)."""
+    if dtype is None and (keepdim is False or keepdim is True) and local(input):
+        out = _direct_sum(input, dim, keepdim)
+        if out is not None:
+            return out
     dims = _dims(input, dim, "sum")
     return Sum.apply(input, dims, keepdim, None if dtype is None else _dt.as_dtype(dtype))
 

@@ -10,10 +10,11 @@ import functools
 import numpy as np
 
 from .. import dtypes as _dt
-from ..autograd import Function
-from ..tensor import Tensor, _pointer
+from ..autograd import GRAD_MODE, Context, Function, record
+from ..tensor import Size, Tensor, _pointer
 from ._method import tensor_method
-from ._util import array_module, check_tensor, kernel, normalize_dims, shape_arg, unbroadcast
+from ._util import (array_module, check_tensor, kernel, local, normalize_dims, shape_arg,
+                    unbroadcast)
 from ..distributed.signatures import (expand_rule, permute_rule, slice_rule, unary_linear_rule,
                                       view_rule)
 
@@ -115,11 +116,47 @@ def _infer_shape(shape, numel, op):
     return tuple(shape)
 
 
+def _direct_shape(shape, numel):
+    """The shape ``view``/``reshape`` ask for, for the fast paths: ``shape`` (the
+    ``*shape`` arguments) as a tuple with its -1 inferred, when it is plain ints
+    (or one tuple or Size of them) that fit ``numel`` elements; None for anything
+    else, which the general path (``shape_arg``, ``_infer_shape``) explains (also
+    no shape at all: ``x.reshape()`` of a 0-d tensor is PyTorch's TypeError)."""
+    if not shape:
+        return None
+    if len(shape) == 1:
+        n = shape[0]
+        if type(n) is int:          # view(n), the flattening call
+            return shape if n == numel else (numel,) if n == -1 else None
+        if type(n) is not tuple and type(n) is not Size:
+            return None
+        shape = n
+    known, infer = 1, None
+    for i, n in enumerate(shape):
+        if type(n) is not int:
+            return None
+        if n < 0:
+            if n != -1 or infer is not None:
+                return None
+            infer = i
+        else:
+            known *= n
+    if infer is None:
+        return tuple(shape) if known == numel else None
+    if known == 0 or numel % known:
+        return None
+    shape = list(shape)
+    shape[infer] = numel // known
+    return tuple(shape)
+
+
 def _reshape_view(data, shape):
     """``np.reshape(data, shape, copy=False)`` on any device: a view, or ValueError
     when the layout needs a copy (CuPy's reshape has no ``copy=`` and copies
     silently, so a device copy is detected by its new address)."""
     if type(data) is np.ndarray:
+        if data.flags.c_contiguous:     # always a view (and the method is 5x faster)
+            return data.reshape(shape)
         return np.reshape(data, shape, copy=False)
     arr = data.reshape(shape)
     if data.size and _pointer(arr) != _pointer(data):
@@ -146,9 +183,37 @@ class View(Function):
         return reshape(g, ctx.in_shape), None
 
 
+def _direct_view(x, shape):
+    """``View``'s forward run directly (``local(x)``, see _util) for a C-contiguous
+    ``x`` and a valid ``shape``, recorded as ``View.apply`` records it."""
+    data = x._data
+    out = x._view_of(data.reshape(shape))
+    if x.requires_grad and GRAD_MODE.enabled:
+        ctx = Context()
+        ctx.in_shape = data.shape
+        record(View, ctx, (x, shape), out)
+    return out
+
+
+def _view(x, shape):
+    """``View.apply(x, shape)`` for a valid ``shape``, direct when it can be."""
+    if local(x) and x._data.flags.c_contiguous:
+        return _direct_view(x, shape)
+    return View.apply(x, shape)
+
+
 @tensor_method()
-@_tensor_op
 def view(input, *shape):
+    if local(input):
+        data = input._data
+        s = _direct_shape(shape, data.size)
+        if s is not None:
+            if s == data.shape and not input.requires_grad:
+                return input._view_of(data)
+            if data.flags.c_contiguous:
+                return _direct_view(input, s)
+    elif not isinstance(input, Tensor):
+        check_tensor(input, "input", "view")
     if len(shape) == 1 and type(shape[0]) is _dt.dtype:
         raise TypeError("view(dtype) reinterpretation is not supported; use .to(dtype)")
     _no_size("view", shape)
@@ -156,13 +221,28 @@ def view(input, *shape):
         return View.apply(input, _infer_shape(shape_arg(shape, "view"), input.numel(), "view"))
     shape = _infer_shape(shape_arg(shape, "view"), input._data.size, "view")
     if shape == input._data.shape:
-        return View.apply(input, shape) if input.requires_grad else input._view_of(input._data)
+        return _whole_view(input)
     return View.apply(input, shape)
 
 
+def _whole_view(x):
+    """A view of all of ``x`` as it is (``view`` to its own shape, ``t()`` of a
+    vector, ``transpose`` of a 0-d tensor): a recorded ``View`` when ``x`` requires
+    grad, so the gradient passes through it."""
+    if x.requires_grad:
+        return View.apply(x, tuple(x.shape))
+    return x._view_of(x._data)
+
+
 @tensor_method()
-@_tensor_op
 def reshape(input, *shape):
+    if local(input):
+        data = input._data
+        s = _direct_shape(shape, data.size)
+        if s is not None and data.flags.c_contiguous:
+            return _direct_view(input, s)
+    elif not isinstance(input, Tensor):
+        check_tensor(input, "input", "reshape")
     _no_size("reshape", shape)
     shape = _infer_shape(shape_arg(shape, "reshape"), input.numel(), "reshape")
     try:        # (global: the piece rarely has the logical shape's size, so it is copied)
@@ -230,16 +310,44 @@ def permute(input, *dims):
     wrapped = tuple(input._wrap_dim(d) for d in dims)
     if len(set(wrapped)) != n:
         raise RuntimeError(f"permute(): repeated dim in {dims}")
-    return Permute.apply(input, wrapped)
+    if not local(input):
+        return Permute.apply(input, wrapped)
+    out = input._view_of(input._data.transpose(wrapped))       # Permute's forward, direct
+    if input.requires_grad and GRAD_MODE.enabled:
+        ctx = Context()
+        ctx.dims = wrapped
+        record(Permute, ctx, (input, wrapped), out)
+    return out
+
+
+def _direct_transpose(x, d0, d1):
+    """``Permute``'s forward for swapping dims ``d0`` and ``d1`` (in range) of a
+    tensor of at least one dim, run directly (``local(x)``) and recorded as
+    ``Permute.apply`` records it."""
+    data = x._data
+    out = x._view_of(data.swapaxes(d0, d1))
+    if x.requires_grad and GRAD_MODE.enabled:
+        dims = list(range(data.ndim))
+        d0, d1 = d0 % data.ndim, d1 % data.ndim
+        dims[d0], dims[d1] = dims[d1], dims[d0]
+        ctx = Context()
+        ctx.dims = dims = tuple(dims)
+        record(Permute, ctx, (x, dims), out)
+    return out
 
 
 @tensor_method("transpose", "swapaxes")
-@_tensor_op
 def transpose(input, dim0, dim1):
+    if local(input) and type(dim0) is int and type(dim1) is int:
+        n = input._data.ndim
+        if -n <= dim0 < n and -n <= dim1 < n:       # (a 0-d tensor: the general path)
+            return _direct_transpose(input, dim0, dim1)
+    elif not isinstance(input, Tensor):
+        check_tensor(input, "input", "transpose")
     n = input.ndim
     d0, d1 = input._wrap_dim(dim0), input._wrap_dim(dim1)   # a 0-d tensor takes -1 and 0
     if n == 0:
-        return input._view_of(input._data)
+        return _whole_view(input)
     dims = list(range(n))
     dims[d0], dims[d1] = dims[d1], dims[d0]
     return Permute.apply(input, tuple(dims))
@@ -249,11 +357,18 @@ swapaxes = transpose
 
 
 @tensor_method()
-@_tensor_op
 def t(input):
+    if local(input):
+        n = input._data.ndim
+        if n == 2:
+            return _direct_transpose(input, 0, 1)
+        if n < 2 and not input.requires_grad:
+            return input._view_of(input._data)
+    elif not isinstance(input, Tensor):
+        check_tensor(input, "input", "t")
     if input.ndim > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {input.ndim}D")
-    return transpose(input, 0, 1) if input.ndim == 2 else input._view_of(input._data)
+    return transpose(input, 0, 1) if input.ndim == 2 else _whole_view(input)
 
 
 Tensor.T = property(lambda self: permute(self, tuple(range(self.ndim - 1, -1, -1))))
@@ -268,11 +383,27 @@ def movedim(input, source, destination):
     src = [input._wrap_dim(d) for d in src]
     dst = [input._wrap_dim(d) for d in dst]
     if input.ndim == 0:     # dims 0 and -1 name the one place there is
-        return input._view_of(input._data)
+        return _whole_view(input)
     order = [d for d in range(input.ndim) if d not in src]
     for d, s in sorted(zip(dst, src)):
         order.insert(d, s)
     return permute(input, tuple(order))
+
+
+def _broadcast_view(data, shape):
+    """``np.broadcast_to(data, shape)``: a read-only view with stride 0 along the
+    broadcast dims.  NumPy's function is Python code (6 us for a small array, the
+    most of a reduction's backward); for a C-contiguous host array the view is
+    built in one constructor call.  ``shape`` is valid for ``data`` (expand checked)."""
+    if type(data) is not np.ndarray or not data.flags.c_contiguous or not data.size:
+        return np.broadcast_to(data, shape)
+    lead = len(shape) - data.ndim
+    strides = [0] * lead
+    for n, size, stride in zip(data.shape, shape[lead:], data.strides):
+        strides.append(stride if n == size else 0)
+    view = np.ndarray(shape, data.dtype, data, 0, tuple(strides))
+    view.flags.writeable = False
+    return view
 
 
 class Expand(Function):
@@ -280,7 +411,7 @@ class Expand(Function):
     @staticmethod
     def forward(ctx, x, shape):
         ctx.in_shape = x._data.shape
-        return x._view_of(np.broadcast_to(x._data, shape))
+        return x._view_of(_broadcast_view(x._data, shape))
 
     @staticmethod
     def backward(ctx, g):
@@ -309,7 +440,15 @@ def expand(input, *sizes):
                                f"{cur} at non-singleton dimension {i}; target sizes {sizes}, "
                                f"tensor shape {tuple(shape)}")
         out.append(s)
-    return Expand.apply(input, tuple(out))
+    out = tuple(out)
+    if not local(input):
+        return Expand.apply(input, out)
+    view = input._view_of(_broadcast_view(input._data, out))    # Expand's forward, direct
+    if input.requires_grad and GRAD_MODE.enabled:
+        ctx = Context()
+        ctx.in_shape = input._data.shape
+        record(Expand, ctx, (input, out), view)
+    return view
 
 
 @tensor_method()
@@ -327,7 +466,7 @@ def broadcast_to(input, shape):
 def unsqueeze(input, dim):
     d = input._wrap_dim(dim, input.ndim + 1)
     shape = input.shape
-    return View.apply(input, shape[:d] + (1,) + shape[d:])
+    return _view(input, shape[:d] + (1,) + shape[d:])
 
 
 @tensor_method()
@@ -339,7 +478,7 @@ def squeeze(input, dim=None):
     else:
         dims = normalize_dims(dim, input.ndim, "squeeze")
         new = tuple(s for i, s in enumerate(shape) if not (i in dims and s == 1))
-    return View.apply(input, new)
+    return _view(input, new)
 
 
 # ------------------------------------------------------------------ slices
@@ -350,8 +489,9 @@ def _slice_key(key):
 def basic_view(arr, key):
     """``arr[key]`` for a basic key, always an ndarray view: NumPy returns a scalar
     *copy* for a key of all ints, unless the key holds an Ellipsis."""
-    if any(k is Ellipsis for k in key):
-        return arr[key]
+    for k in key:
+        if k is Ellipsis:
+            return arr[key]
     return arr[key + (Ellipsis,)]
 
 
@@ -385,7 +525,16 @@ class SliceScatter(Function):
 
 
 def slice_view(input, key):
-    return SliceView.apply(input, key)
+    """``input[key]`` for a basic key (a tuple of ints, slices, None, Ellipsis)."""
+    if not local(input):
+        return SliceView.apply(input, key)
+    data = input._data                      # SliceView's forward, run directly
+    out = input._view_of(basic_view(data, key))
+    if input.requires_grad and GRAD_MODE.enabled:
+        ctx = Context()
+        ctx.in_shape, ctx.key, ctx.dtype = data.shape, key, input.dtype
+        record(SliceView, ctx, (input, key), out)
+    return out
 
 
 @tensor_method()
@@ -402,7 +551,7 @@ def narrow(input, dim, start, length):
         raise IndexError(f"narrow(): start ({start}) + length ({length}) exceeds dimension "
                          f"{dim} of size {size}")
     key = (slice(None),) * d + (slice(start, start + length),)
-    return SliceView.apply(input, key)
+    return slice_view(input, key)
 
 
 @tensor_method()
@@ -413,4 +562,4 @@ def select(input, dim, index):
     size = input.shape[d]
     if not -size <= index < size:
         raise IndexError(f"select(): index {index} out of range for dimension {dim} of size {size}")
-    return SliceView.apply(input, (slice(None),) * d + (int(index) % size,))
+    return slice_view(input, (slice(None),) * d + (int(index) % size,))
