@@ -18,7 +18,7 @@ from bench.common import machine, table  # noqa: E402
 if __name__ == "__main__":
     print(machine())
     rows, gm = op_overhead.run()
-    print(table(rows, ["op (4x4 float32)", "pyflow us", "torch us", "pyflow/torch time"]))
+    print(table(rows, op_overhead.HEADERS))
     print()
     print(table(train_step.run(), train_step.HEADERS))
     print()

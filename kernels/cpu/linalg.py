@@ -28,6 +28,13 @@ from .activation import PARALLEL_MIN
 _WORKERS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                else os.cpu_count() or 1)
 SMALL_GEMM_FLOPS = 1 << 24      # per matrix; above this BLAS's own threads pay off
+# A whole stack below this many flops is one np.matmul call: handing halves to the
+# pool (threadpoolctl's limit, futures) costs ~100 us, more than the product itself.
+# Measured (AMD EPYC 2 cores, 2026-12-03, loaded machine): a GPT-64 attention
+# product (8, 4, 32, 16) @ (8, 4, 16, 32), 1.0e6 flops: 24 us plain, 126-129 us
+# split; at 8.4e6 flops 139-161 against 290-301 us; GPT-mini's (16, 4, 128, 64) @
+# (16, 4, 64, 128), 1.3e8 flops: 10.7 ms plain, 2.0 ms split.
+STACK_SPLIT_MIN_FLOPS = 1 << 23
 _pool = _controller = None
 
 
@@ -48,16 +55,18 @@ def _single_thread_blas():
     return _controller.limit(limits=1, user_api="blas")
 
 
-def _batched_small(a, b):
+def _batched_small(a, b, out=None):
     """Split a broadcast-free stacked product over worker threads, along the
-    first batch dim (views, no copy) or, when that is too short, the merged batch."""
+    first batch dim (views, no copy) or, when that is too short, the merged batch;
+    into ``out`` (C-contiguous, the result's shape) when given."""
     global _pool
     if _pool is None:
         _pool = ThreadPoolExecutor(_WORKERS - 1, thread_name_prefix="pyflow-gemm")
     batch = a.shape[:-2]
     if a.shape[0] < _WORKERS:
         a, b = a.reshape((-1,) + a.shape[-2:]), b.reshape((-1,) + b.shape[-2:])
-    out = np.empty(a.shape[:-1] + b.shape[-1:], np.result_type(a, b))
+    shape = a.shape[:-1] + b.shape[-1:]
+    out = np.empty(shape, np.result_type(a, b)) if out is None else out.reshape(shape)
     bounds = np.linspace(0, a.shape[0], _WORKERS + 1).astype(int)
     with _single_thread_blas():
         futures = [_pool.submit(np.matmul, a[lo:hi], b[lo:hi], out=out[lo:hi])
@@ -80,13 +89,15 @@ def matmul(a, b, out=None):
     if out is None and a.ndim == 2 and b.ndim == 2 and \
             2 * a.shape[0] * a.shape[1] * b.shape[1] < blas.MKL_MIN_FLOPS:
         return np.matmul(a, b)      # what blas.matmul does below MKL's size, without its checks
-    if out is not None:
-        return blas.matmul(a, b, out=out)
     if (not blas.uses_mkl(a, b) and _WORKERS > 1 and a.ndim >= 3
             and a.shape[:-2] == b.shape[:-2]
             and 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] < SMALL_GEMM_FLOPS
-            and int(np.prod(a.shape[:-2])) >= 2 * _WORKERS):
-        return _batched_small(a, b)
+            and int(np.prod(a.shape[:-2])) >= 2 * _WORKERS
+            and 2 * a.size * b.shape[-1] >= STACK_SPLIT_MIN_FLOPS
+            and (out is None or out.flags.c_contiguous)):
+        return _batched_small(a, b, out)
+    if out is not None:
+        return blas.matmul(a, b, out=out)
     return np.asarray(blas.matmul(a, b))
 
 

@@ -148,3 +148,25 @@ def test_mkl_used_when_installed(monkeypatch):
     finally:
         monkeypatch.undo()
         blas.reload()
+
+
+@pytest.mark.parametrize("sa,sb", [
+    ((8, 4, 32, 16), (8, 4, 16, 32)),       # a tiny stack: one np.matmul
+    ((16, 4, 64, 32), (16, 4, 32, 64)),     # big enough to be split over the workers
+    ((3, 5, 7), (3, 7, 2)),
+])
+@pytest.mark.parametrize("into", [False, True])
+def test_stacked_matmul_kernel_with_and_without_out(sa, sb, into):
+    """The CPU matmul kernel (plain, split over worker threads, or into ``out=``, a
+    compiled graph's buffer) gives NumPy's product of every stacked pair."""
+    from pyflow.kernels.cpu import linalg
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(sa).astype(np.float32)
+    b = rng.standard_normal(sb).astype(np.float32)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    out = np.full(want.shape, np.nan, np.float32) if into else None
+    got = linalg.matmul(a, b, out=out)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    if into:
+        assert np.shares_memory(got, out)
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
