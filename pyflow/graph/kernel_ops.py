@@ -157,15 +157,23 @@ def elementwise_kernel(name, dtype):
     return spec(np.dtype(dtype.storage)) if spec is not None else k
 
 
+def _zeros(v):
+    shape, dtype = tuple(v.shape), np.dtype(v.dtype.storage)
+    return lambda g, saved: np.zeros(shape, dtype)
+
+
 def _one_or_tuple(grads):
     return grads[0] if len(grads) == 1 else tuple(grads)
 
 
 def _backward_of(parts):
     """A backward builder from ``parts[i](g, saved) -> gradient of input i``:
-    the gradients of the backward node's slots, in order."""
+    the gradients of the backward node's slots, in order.  A slot with no part
+    (an input the op gives no gradient, as a loss's class weights) gets zeros,
+    as the graph's Tensor-level backward step fills in."""
     def build(bnode, out):
-        fns = [parts[i] for i in bnode.attrs["slots"]]
+        fns = [parts[i] if i < len(parts) and parts[i] is not None else _zeros(v)
+               for i, v in zip(bnode.attrs["slots"], bnode.outputs)]
         if len(fns) == 1:
             (f,) = fns
             return lambda g, saved: f(g, saved)
@@ -727,7 +735,8 @@ def cross_entropy_rule(node, out, save):
         def grad(g, s):
             return bwd(g, s[1], s[2], ignore_index, C)
     forward = run if save else (lambda *a: run(*a)[0])
-    return Lowered(forward, _backward_of([grad]), ["in0", "in1"])   # (t may view the targets)
+    keeps = ["in0", "in1"] + (["in2"] if isinstance(weight, Value) else [])  # (t views targets)
+    return Lowered(forward, _backward_of([grad]), keeps)
 
 
 def target_weight_sum_rule(node, out, save):

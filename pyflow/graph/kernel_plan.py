@@ -284,6 +284,8 @@ def kernel_steps(graph, steps, pool=True):
             ks = KernelStep(st, low.forward, _template(node, st.feeds, False, args), True)
         elif node.kind == "backward" and node.attrs["forward"] in lowered_fwd:
             low = lowered_fwd[node.attrs["forward"]]
+            if any(v.placement is not None for v in node.outputs):
+                node = _on_pieces(node)         # the gradients' pieces, as the forward's
             fn = low.backward(node, _no_buffer)
             ks = KernelStep(st, fn, _template(node, st.feeds, True, list(node.args)), True)
         else:

@@ -129,6 +129,8 @@ CASES = [
      [(5, 4), ("int", (5,), 4)], ()),
     ("cross_entropy smoothing ignore", lambda x, t: pf.nn.functional.cross_entropy(
         x, t, ignore_index=1, label_smoothing=0.1), [(5, 4), ("int", (5,), 4)], ()),
+    ("cross_entropy class weights made in the graph", lambda x, t: pf.nn.functional.cross_entropy(
+        x, t, weight=t[:4].float() * 0.5 + 1.0), [(5, 4), ("int", (5,), 4)], ()),
     ("cross_entropy 3-d", lambda x, t: pf.nn.functional.cross_entropy(x, t),
      [(2, 4, 3), ("int", (2, 3), 4)], ()),
     ("nll_loss", lambda x, t: pf.nn.functional.nll_loss(x, t), [(5, 4), ("int", (5,), 4)], ()),
