@@ -81,9 +81,10 @@ def lowers(*classes):
 def rule_for(node):
     """The rule that lowers ``node``, or None."""
     if node.kind == "call":
-        return RULES.get(node.target) or next(
-            (r for c, r in RULES.items() if isinstance(node.target, type)
-             and issubclass(node.target, c) and c in _FAMILIES), None)
+        rule = RULES.get(node.target)
+        if rule is None and isinstance(node.target, type):
+            rule = next((RULES[c] for c in _FAMILIES if issubclass(node.target, c)), None)
+        return rule
     if node.kind == "fn":
         return FN_RULES.get(node.target)
     return None
