@@ -21,6 +21,7 @@ imports nothing of pyflow above it; CuPy and numba are imported only when a
 cuda backend first needs them, so ``import pyflow`` on a CPU-only machine
 loads neither.
 """
+import contextlib
 import numbers
 import threading
 import weakref
@@ -225,6 +226,25 @@ class Backend:
         """A new event object (None where the backend has no events)."""
         return None
 
+    # -------------------------------------------------------------- graphs
+    def capture_unavailable(self):
+        """None when this backend can capture the work queued on its stream into
+        a graph and replay it (pyflow.graph.cuda_graph), else why not."""
+        return f"the {self.type} device has no streams to capture"
+
+    def begin_capture(self):
+        """Start recording the work launched on the current stream (run nothing)."""
+        raise RuntimeError(self.capture_unavailable())
+
+    def end_capture(self):
+        """Stop recording; the graph (``graph.launch()`` replays it)."""
+        raise RuntimeError(self.capture_unavailable())
+
+    def capture_failed(self, exc):
+        """True when ``exc``, raised while capturing, says the work cannot be
+        captured (a host read, a synchronisation), not that the work is wrong."""
+        return False
+
     # -------------------------------------------------------------- availability
     def unavailable_reason(self):
         """None when the device can be used, else a sentence saying why not."""
@@ -283,6 +303,21 @@ class SimulatedCudaBackend(Backend):
 
     def launch_stream(self):
         return 0
+
+    def capture_unavailable(self):
+        return None
+
+    def begin_capture(self):
+        from . import _simcapture           # the simulator's capture (see its docstring)
+        _simcapture.begin(self)
+
+    def end_capture(self):
+        from . import _simcapture
+        return _simcapture.end()
+
+    def capture_failed(self, exc):
+        from . import _simcapture
+        return isinstance(exc, _simcapture.CaptureError)
 
 
 class CudaBackend(Backend):
@@ -364,6 +399,39 @@ class CudaBackend(Backend):
         """Milliseconds between two recorded events of ``new_event``."""
         return self.xp.cuda.get_elapsed_time(start, end)
 
+    def capture_unavailable(self):
+        return self.unavailable_reason()
+
+    def begin_capture(self):
+        """CuPy's stream capture on a stream of its own, allocating from a memory
+        pool of its own: what the graph allocates while capturing stays the
+        graph's (no later allocation can take it), and pool growth (cudaMalloc)
+        is allowed in CuPy's default relaxed capture mode."""
+        cp = self.xp
+        stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+        scope = contextlib.ExitStack()
+        scope.enter_context(cp.cuda.using_allocator(pool.malloc))
+        scope.enter_context(stream)
+        scope.enter_context(_no_interface_sync())
+        stream.begin_capture()
+        self._capture = (stream, pool, scope)
+
+    def end_capture(self):
+        stream, pool, scope = self._capture
+        self._capture = None
+        try:
+            graph = stream.end_capture()
+        finally:
+            scope.close()
+        return _CapturedGraph(graph, pool)
+
+    def capture_failed(self, exc):
+        # cudaErrorStreamCapture* and CUDA_ERROR_STREAM_CAPTURE_* are 900-908
+        code = getattr(exc, "status", None)
+        if code is None:
+            code = getattr(exc, "code", None)
+        return isinstance(code, int) and 900 <= code <= 908 or "captur" in str(exc)
+
     def unavailable_reason(self):
         try:
             from numba import cuda
@@ -389,6 +457,30 @@ class CudaBackend(Backend):
         if self.unavailable_reason() is not None:
             return 0
         return self.xp.cuda.Device().id
+
+
+class _CapturedGraph:
+    """A CuPy graph and the memory pool its buffers came from (kept alive with it)."""
+
+    def __init__(self, graph, pool):
+        self.graph, self.pool = graph, pool
+
+    def launch(self):
+        self.graph.launch()             # on the current stream, after the work before it
+
+
+@contextlib.contextmanager
+def _no_interface_sync():
+    """numba synchronises the stream named in a CUDA array interface it is handed
+    (CUDA_ARRAY_INTERFACE_SYNC), which a capturing stream refuses; the kernels
+    run on that very stream, so no synchronisation is needed."""
+    from numba.core import config
+    before = getattr(config, "CUDA_ARRAY_INTERFACE_SYNC", None)
+    config.CUDA_ARRAY_INTERFACE_SYNC = False
+    try:
+        yield
+    finally:
+        config.CUDA_ARRAY_INTERFACE_SYNC = before
 
 
 # ------------------------------------------------------------------ the entry points

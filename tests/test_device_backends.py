@@ -125,7 +125,8 @@ def test_import_pyflow_loads_no_cuda_machinery():
 
 def test_device_module_imports_nothing_of_pyflow():
     """device.py is the lowest layer: it imports no pyflow module but its own
-    simulated arrays (checked on the source, function bodies included)."""
+    simulated arrays and their capture (checked on the source, function bodies
+    included)."""
     import ast
     tree = ast.parse(open(os.path.join(ROOT, "pyflow", "device.py")).read())
     ours = set()
@@ -135,7 +136,7 @@ def test_device_module_imports_nothing_of_pyflow():
             ours.update(f"{node.module or ''}.{a.name}".strip(".") for a in node.names)
         elif isinstance(node, ast.Import):
             ours.update(a.name for a in node.names if a.name.startswith("pyflow"))
-    assert ours == {"_simarray"}, ours
+    assert ours == {"_simarray", "_simcapture"}, ours
 
 
 def test_simulated_cuda_backend():

@@ -12,5 +12,6 @@ def test_gpu_check_runs_in_the_simulator():
                            "--skip-checks"], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for row in ("device copy (ceiling)", "elementwise add", "sum reduction", "softmax (rows)",
-                "layer_norm (rows)", "numba GEMM", "launch overhead"):
+                "layer_norm (rows)", "numba GEMM", "launch overhead",
+                "graph step, CUDA graphs on", "step time per node, replayed"):
         assert row in proc.stdout, proc.stdout

@@ -26,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLDERS = {"pyflow": "pyflow", "kernels": "pyflow.kernels", "comm": "pyflow.comm"}
 
 LAYERS = """
-pyflow.dtypes pyflow._threads pyflow._malloc pyflow._print pyflow._simarray pyflow.device
+pyflow.dtypes pyflow._threads pyflow._malloc pyflow._print pyflow._simarray pyflow._simcapture pyflow.device
 pyflow.kernels
 pyflow.comm
 pyflow.distributed.sbp pyflow.distributed.signatures

@@ -10,6 +10,7 @@ nodes in pink, labelled like their line in the logical graph.
 """
 from ..distributed.boxing import describe_nd, kind_of
 from .ir import iter_values
+from .cuda_graph import summary as cuda_graph_summary
 from .kernel_plan import summary as kernel_summary
 
 
@@ -30,6 +31,7 @@ def explain_plan(plan):
     if plan.kernel_plan:
         lines.append("")
         lines.append(kernel_summary(plan))
+        lines.append(cuda_graph_summary(plan))
     lines.append("")
     lines.append(plan.task_graph[0].describe())
     return "\n".join(lines)

@@ -50,6 +50,7 @@ import numpy as np
 from ..distributed.boxing import local_shape
 from ..distributed.pieces import label
 from ..runtime.chains import ChainMemberError, straight_line
+from ..runtime.runtime import actor_error
 from ..tensor import Tensor
 from .ir import Node, Value, substitute
 from .kernel_ops import rule_for
@@ -75,6 +76,11 @@ class KernelStep:
         self.wants_ctx = step.wants_ctx
         self.lowered = lowered          # True: kernel_ops; False: the Step, adapted
         self.n_out = len(step.node.outputs) + (1 if step.emits_ctx else 0)
+        # what it reads and writes, by key: Value ids, ("ctx", forward node id)
+        self.reads = [v.id for v in step.feeds] + (
+            [("ctx", step.node.attrs["forward"])] if step.wants_ctx else [])
+        self.writes = [v.id for v in step.node.outputs] + (
+            [("ctx", step.node.id)] if step.emits_ctx else [])
         self.fn, self.template = fn, template
         fill = [_filler(item) for item in template]
 
@@ -304,29 +310,25 @@ def kernel_steps(graph, steps, pool=True):
 
 
 # ------------------------------------------------------------------ running
-def sequential_function(graph, ksteps):
+def sequential_function(graph, units):
     """build()'s step as one straight-line function of the graph's input
-    tensors, returning the arrays (or Tensors) of ``graph.output_values()``."""
+    tensors, returning the arrays (or Tensors) of ``graph.output_values()``.
+    ``units``: KernelSteps in order, or anything with their ``name``,
+    ``actor_fn``, ``reads`` and ``writes`` (a CUDA graph's Segment)."""
     slot = {v.id: i for i, v in enumerate(graph.inputs)}
-    ctx_slot = {}
     n = len(slot)
     members, readers = [], {}
-    for k, ks in enumerate(ksteps):
-        ins = [slot[v.id] for v in ks.feeds]
-        if ks.wants_ctx:
-            ins.append(ctx_slot[ks.node.attrs["forward"]])
-        first = n if ks.n_out else None
-        for v in ks.node.outputs:
-            slot[v.id] = n
-            n += 1
-        if ks.emits_ctx:
-            ctx_slot[ks.node.id] = n
+    for k, unit in enumerate(units):
+        ins = [slot[key] for key in unit.reads]
+        first = n if unit.writes else None
+        for key in unit.writes:
+            slot[key] = n
             n += 1
         for s in ins:
             readers[s] = k
         for s in range(first if first is not None else n, n):
             readers.setdefault(s, k)        # never read: dropped where it is made
-        members.append([ks.name, ks.actor_fn, tuple(ins), first, ks.n_out, ()])
+        members.append([unit.name, unit.actor_fn, tuple(ins), first, len(unit.writes), ()])
     outs = tuple(slot[v.id] if v.kind in ("input", "node") else None
                  for v in graph.output_values())
     keep = set(outs)
@@ -358,12 +360,17 @@ def outputs_of(graph, values):
     return substitute(graph.outputs, lambda v: as_tensor(v, env.get(v.id)))
 
 
-def run_sequential(plan, inputs):
-    """One run of the kernel-level plan on ``inputs`` (the graph's input tensors)."""
+def run_sequential(plan, inputs, as_actor_error=False):
+    """One run of the kernel-level plan on ``inputs`` (the graph's input tensors).
+    An op's exception comes out as it was raised or, with ``as_actor_error``
+    (a plan of the actor executor run in order), as the actor runtime's
+    ActorError naming the op."""
     fn = plan.sequential_function()
     try:
         res = fn(*inputs)
     except ChainMemberError as e:
+        if as_actor_error:
+            raise actor_error(e.op, "compute", e, 0) from e.exc
         raise e.exc.with_traceback(e.exc.__traceback__) from None
     graph = plan.graph
     values = [v for v in graph.output_values()]

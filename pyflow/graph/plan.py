@@ -17,6 +17,7 @@ from ..ops.creation import zeros
 from ..ops.join import cat
 from ..tensor import Tensor
 from . import passes
+from . import cuda_graph as _cuda_graph
 from . import kernel_plan as _kernel
 from .executor import make_steps, run_sequential
 from .ir import Node
@@ -24,7 +25,8 @@ from .tracer import trace
 
 
 class Plan:
-    def __init__(self, stages, accumulation, executor, fuse_actor_chains=True, kernel_plan=True):
+    def __init__(self, stages, accumulation, executor, fuse_actor_chains=True, kernel_plan=True,
+                 cuda_graphs=True):
         self.stages = stages                  # [(pass name, Graph)], the last is run
         self.graph = stages[-1][1]
         self.accumulation = accumulation
@@ -35,6 +37,9 @@ class Plan:
         self._kernel_steps = {}               # pool -> (KernelSteps, buffer bytes)
         self._sequential = None
         self._task_graph = None
+        self.cuda_graphs = cuda_graphs and kernel_plan   # capture the step (cuda_graph.py)
+        self.refused_capture = {}             # node id -> name: found to read device data
+        self._units = False                   # captured_units(), built on first use
         # parameters whose .grad the graph recomputes on every call
         self._grads = [s.node.target for s in self.steps
                        if s.kind == "set_grad" and "input" not in s.node.attrs]
@@ -57,10 +62,27 @@ class Plan:
         return max((b for _, b in self._kernel_steps.values()), default=0)
 
     def sequential_function(self):
-        """The sequential executor's straight-line function (built on first use)."""
+        """The sequential executor's straight-line function (built on first use):
+        over the kernel steps, or over CUDA-graph segments where they are used."""
         if self._sequential is None:
-            self._sequential = _kernel.sequential_function(self.graph, self.kernel_steps(True))
+            units = self.captured_units() or self.kernel_steps(True)
+            self._sequential = _kernel.sequential_function(self.graph, units)
         return self._sequential
+
+    def captured_units(self):
+        """The kernel steps cut into CUDA-graph segments (cuda_graph.py), or None
+        where the step is not captured (cuda graphs off, not on one cuda device)."""
+        if self._units is False:
+            self._units = _cuda_graph.captured_units(self, self.kernel_steps(True)) \
+                if self.cuda_graphs else None
+        return self._units
+
+    def refuse_capture(self, node, exc):
+        """``node`` read device data on the host while capturing: the next run
+        cuts the step again with it outside the graphs."""
+        self.refused_capture[node.id] = node.name
+        self._units = False
+        self._sequential = None
 
     def runnable_steps(self, streaming=False):
         """What lowering turns into actors: the kernel-level steps (with buffers
@@ -82,8 +104,10 @@ class Plan:
         return self._task_graph
 
     def _run_once(self, inputs):
-        if self.executor == "sequential" and self.kernel_plan:
-            out = _kernel.run_sequential(self, inputs)
+        # a captured step runs in order on this thread: on one device and one
+        # stream, the actor runtime would run it as one chain inline anyway
+        if self.kernel_plan and (self.executor == "sequential" or self.captured_units()):
+            out = _kernel.run_sequential(self, inputs, as_actor_error=self.executor == "actors")
         elif self.executor == "sequential":
             out = run_sequential(self.graph, self.steps, inputs, self.graph.memory.release)
         else:
@@ -170,7 +194,8 @@ def split_for_accumulation(inputs, n):
 
 def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
                  executor="actors", fuse_elementwise=True, fuse_add_to_output=False,
-                 fuse_model_update=False, in_place=True, fuse_actor_chains=True, kernel_plan=True):
+                 fuse_model_update=False, in_place=True, fuse_actor_chains=True, kernel_plan=True,
+                 cuda_graphs=True):
     """Trace ``build`` and return the Plan for this input signature.  (The trace
     draws from private copies of the generators: it shifts no random stream.)"""
     graph = trace(build, split_for_accumulation(inputs, accumulation), state_names)
@@ -194,7 +219,7 @@ def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
                       ("plan_memory", passes.plan_memory)):
         graph = run(graph)
         stages.append((name, graph))
-    return Plan(stages, accumulation, executor, fuse_actor_chains, kernel_plan)
+    return Plan(stages, accumulation, executor, fuse_actor_chains, kernel_plan, cuda_graphs)
 
 
 def _skipped(name):

@@ -62,6 +62,7 @@ class GraphConfig:
         self.in_place = True
         self.fuse_actor_chains = True
         self.kernel_plan = True
+        self.cuda_graphs = True
         self.gradient_accumulation_steps = 1
         self.executor = "actors"
         self.plan_cache_size = 64
@@ -99,6 +100,13 @@ class GraphConfig:
         Context per op (pyflow.graph.kernel_plan; on by default).  Off: every
         node calls its op's Function on Tensors, as eager mode does."""
         self.kernel_plan = bool(mode)
+
+    def allow_cuda_graphs(self, mode=True):
+        """On one cuda device, each step's kernels are captured into CUDA graphs
+        once and replayed after (pyflow.graph.cuda_graph; on by default, and
+        part of the kernel-level plan, so off with it too).  Off: every kernel
+        is launched from Python on every step."""
+        self.cuda_graphs = bool(mode)
 
     def allow_in_place(self, mode=True):
         """Elementwise nodes write into an input that dies at them
@@ -228,7 +236,7 @@ class Graph:
         c = self.config
         return (tuple(parts), modes, c.gradient_accumulation_steps, c.executor,
                 c.fuse_elementwise, c.fuse_add_to_output, c.fuse_model_update_ops, c.in_place,
-                c.fuse_actor_chains, c.kernel_plan)
+                c.fuse_actor_chains, c.kernel_plan, c.cuda_graphs)
 
     def compile(self, *args):
         """The Plan for ``args``' signature (compiling it if new)."""
@@ -248,7 +256,8 @@ class Graph:
                                 self.config.gradient_accumulation_steps, self.config.executor,
                                 self.config.fuse_elementwise, self.config.fuse_add_to_output,
                                 self.config.fuse_model_update_ops, self.config.in_place,
-                                self.config.fuse_actor_chains, self.config.kernel_plan)
+                                self.config.fuse_actor_chains, self.config.kernel_plan,
+                                self.config.cuda_graphs)
             self._check_unchanged_by_trace(captured, names)
             self._make_room()
             self._plans[key] = plan

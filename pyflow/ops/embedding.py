@@ -130,3 +130,9 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
         idx = input                     # global: the dispatch needs the indices' SBP
     return Embedding.apply(weight, idx, -1 if padding_idx is None else padding_idx,
                            bool(scale_grad_by_freq))
+
+
+# check_indices reads the indices on the host: a CUDA graph cannot hold it
+# (pyflow.graph.cuda_graph runs it outside the captured segments).  A traced
+# node's target is the function ``recordable`` wraps.
+embedding.__wrapped__.reads_on_host = True

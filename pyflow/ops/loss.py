@@ -128,6 +128,7 @@ class TargetWeightSum(Function):
     """The 'mean' denominator of a class-index loss: the sum of weight[target] over
     the targets that are not ``ignore_index`` (their count without weights),
     computed on the host in float64, as one node a graph traces.  No gradient."""
+    reads_on_host = True        # a CUDA graph cannot hold it (pyflow.graph.cuda_graph)
 
     @staticmethod
     def forward(ctx, target, weight, ignore_index, dtype):
@@ -177,6 +178,7 @@ def _finish(loss_rows, tg, weight, ignore_index, reduction, out_shape):
 
 class CrossEntropy(Function):
     """Per-row loss of fused log_softmax + NLL with label smoothing."""
+    reads_on_host = True        # check_targets: a CUDA graph cannot hold it
     sbp_rule = loss_rule
 
     @staticmethod
@@ -265,6 +267,7 @@ def _cross_entropy_probs(input, target, weight, reduction, smoothing):
 
 class NLLLoss(Function):
     sbp_rule = loss_rule
+    reads_on_host = True        # check_targets: a CUDA graph cannot hold it
     @staticmethod
     def forward(ctx, x, target, weight, ignore_index):
         target = check_targets(target_array(target), x.shape[1], ignore_index, "nll_loss")

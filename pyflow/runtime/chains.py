@@ -147,13 +147,15 @@ def straight_line(plan, n_inputs, out_slots):
             body.append(f"    {targets} = {call}" if inline is not None else
                         f"    {targets} = check_outputs(member_names[k], {n_out}, {call})")
         body += [f"    del s{i}" for i in drop]
-    body += ["except Exception as exc:",
+    body += ["except ChainMemberError:",       # a member that names its own failing op
+             "    raise",
+             "except Exception as exc:",
              "    raise ChainMemberError(member_names[k], exc) from exc"]
     outs = ", ".join(f"s{i}" for i in out_slots)
     body.append(f"return {outs}" if len(out_slots) == 1 else f"return ({outs}{',' if outs else ''})")
     source = f"def chain({params}):\n" + "\n".join("    " + line for line in body) + "\n"
     exec(compile(source, "<pyflow chain>", "exec"), names)  # noqa: S102 (code made here)
-    fn = names["chain"]
+    fn = names.pop("chain")     # its globals need not hold it: no reference cycle
     fn.source = source
     return fn
 

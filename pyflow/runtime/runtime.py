@@ -184,7 +184,7 @@ class Runtime:
         return self._inline[caller_stream]
 
 
-def _actor_error(actor, stream, exc, iteration):
+def actor_error(actor, stream, exc, iteration):
     """The ActorError for ``exc`` raised by ``actor`` (naming the op of a chain
     that raised), chained to the original exception."""
     op = None
@@ -233,7 +233,7 @@ class _InlineRun:
                     if spec.outputs > 1:
                         res = check_outputs(spec.name, spec.outputs, res)
                 except Exception as exc:
-                    raise _actor_error(spec.name, self.graph.stream_of(spec.name), exc, 0)
+                    raise actor_error(spec.name, self.graph.stream_of(spec.name), exc, 0)
             self.fired[spec.name] = 1
             if spec.outputs == 1:
                 values[Port(spec.name, 0)] = res
@@ -367,7 +367,7 @@ class _Run:
             if own is not None and actor.stream is own and \
                     isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise exc                 # Ctrl-C in the caller's own loop stays Ctrl-C
-            raise _actor_error(actor.name, actor.stream.name, exc, iteration)
+            raise actor_error(actor.name, actor.stream.name, exc, iteration)
         if results is None:               # a pooled thread is still in its loop
             results = {n: a.values for n, a in self.actors.items() if isinstance(a, SinkActor)}
         return results
