@@ -68,10 +68,16 @@ def _plan(graph):
     return plan
 
 
+@pytest.fixture(scope="module")
+def uncaptured():
+    """Four steps with CUDA graphs off: the reference (trained once per module)."""
+    return _train(False)
+
+
 @cuda_only
-def test_captured_steps_give_the_uncaptured_numbers():
+def test_captured_steps_give_the_uncaptured_numbers(uncaptured):
     g, outs, params = _train(True)
-    _, ref_outs, ref_params = _train(False)
+    ref, ref_outs, ref_params = uncaptured
     # (compared after the last step: what a step handed out survives the replays after it)
     for (loss, logits), (ref_loss, ref_logits) in zip(outs, ref_outs):
         assert float(loss) == float(ref_loss)
@@ -87,6 +93,10 @@ def test_captured_steps_give_the_uncaptured_numbers():
     outside = {u.node.kind for u in units if not isinstance(u, cuda_graph.Segment)}
     assert outside == {"seed", "call", "fn", "backward", "set_grad", "update"}
     assert not _plan(g).refused_capture
+    assert "cuda graphs: 6 captured segment(s) holding 13 of 35 nodes" in pyflow.explain(g)
+    # the opt-out captured nothing
+    assert _plan(ref).captured_units() is None
+    assert "cuda graphs: off (graph.config.allow_cuda_graphs(False))" in pyflow.explain(ref)
 
 
 @cuda_only
@@ -99,10 +109,10 @@ def test_gradient_accumulation_keeps_each_micro_batch_gradient():
 
 
 @cuda_only
-def test_a_node_that_reads_on_the_host_is_found_while_capturing(monkeypatch):
+def test_a_node_that_reads_on_the_host_is_found_while_capturing(monkeypatch, uncaptured):
     monkeypatch.delattr(CrossEntropy, "reads_on_host")    # undeclared: found by the capture
-    g, outs, params = _train(True, steps=4)
-    _, ref_outs, ref_params = _train(False, steps=4)
+    g, outs, params = _train(True)
+    _, ref_outs, ref_params = uncaptured
     assert [float(o[0]) for o in outs] == [float(o[0]) for o in ref_outs]
     for p, r in zip(params, ref_params):
         np.testing.assert_array_equal(p, r)
@@ -114,24 +124,15 @@ def test_a_node_that_reads_on_the_host_is_found_while_capturing(monkeypatch):
     assert all(s.graph is not None for s in segs)
 
 
-@cuda_only
-def test_opt_out_captures_nothing():
-    g, _, _ = _train(False, steps=2)
-    assert _plan(g).captured_units() is None
-    assert "cuda graphs: off (graph.config.allow_cuda_graphs(False))" in pyflow.explain(g)
-
-
+@pytest.mark.cpu_only           # the cuda device's explain is checked with its captures above
 def test_explain_says_whether_the_step_is_captured():
     g, _, _ = _train(True, steps=1)
-    text = pyflow.explain(g)
-    if ON_CUDA:
-        assert "cuda graphs: 6 captured segment(s) holding 13 of 35 nodes" in text
-    else:
-        assert "cuda graphs: not used: the step's tensors are not all local on one cuda " \
-               "device" in text
-        assert _plan(g).captured_units() is None
+    assert "cuda graphs: not used: the step's tensors are not all local on one cuda " \
+           "device" in pyflow.explain(g)
+    assert _plan(g).captured_units() is None
 
 
+@pytest.mark.cpu_only           # a graph config's signature: the same on every device
 def test_cuda_graphs_are_part_of_the_signature():
     pyflow.manual_seed(0)
     net = Net()
