@@ -14,6 +14,10 @@ silently keeping the default.
 ``pyflow.backends.cpu.threads`` reports the CPU thread pools' settings and
 what ``import pyflow`` did about pools that another library (PyTorch, or any
 import of NumPy) had started before it (``pyflow/_threads.py``).
+``pyflow.backends.cpu.blas`` reports which BLAS runs CPU matrix products
+(MKL above measured size thresholds, or NumPy's) and why: measured on this
+machine, read from the cache, or forced by ``PYFLOW_BLAS``
+(``kernels/cpu/blas.py``).
 
 The cuda settings object is defined in ``kernels/settings.py``, beside the
 kernels that read it (a kernel imports nothing above the device level), and
@@ -34,8 +38,25 @@ class _CpuBackend:
         imported before pyflow and what was done about it."""
         return _threads.report()
 
+    @property
+    def blas(self):
+        """Which BLAS runs matrix products and why: library, MKL's size
+        thresholds, source ("cache", "measured", "forced", "no MKL"), the cache
+        file, the measured times.  The first read chooses, as the first matrix
+        product would: from the cache, or by measuring (about 1-2 s)."""
+        return _blas().report()
+
     def __repr__(self):
-        return f"pyflow.backends.cpu(threads={self.threads!r})"
+        # Not the BLAS report before the choice is made: a repr must not measure.
+        blas = self.blas if _blas().chosen() else "(chosen at the first matrix product)"
+        return f"pyflow.backends.cpu(threads={self.threads!r}, blas={blas!r})"
+
+
+def _blas():
+    # Imported on use: ``python -m pyflow.kernels.cpu.blas`` must find it not yet
+    # imported by ``import pyflow`` (runpy warns otherwise).
+    from .kernels.cpu import blas
+    return blas
 
 
 cpu = _CpuBackend()

@@ -3,6 +3,18 @@ import sys
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # see pyflow/__init__.py
 
+# Matrix products follow blas.py's fixed size rule (PYFLOW_BLAS=mkl where the mkl
+# wheel is installed, numpy otherwise), not a measurement of the machine: results do
+# not depend on timing and no test process spends ~1.2 s measuring.
+# tests/kernels/test_blas_tuning.py tests PYFLOW_BLAS=auto with a cache of its own.
+import importlib.metadata as _metadata  # noqa: E402
+
+try:
+    _metadata.version("mkl")
+    os.environ.setdefault("PYFLOW_BLAS", "mkl")
+except _metadata.PackageNotFoundError:
+    os.environ.setdefault("PYFLOW_BLAS", "numpy")
+
 # Tests import pyflow from this checkout.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

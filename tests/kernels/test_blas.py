@@ -3,13 +3,15 @@ gives NumPy's float64 answer, everything it does not take falls back to
 ``np.matmul``, and ``PYFLOW_BLAS`` is honoured.  Each test runs on both
 backends; the MKL half skips only where the ``mkl`` wheel is not installed
 (``make test`` installs it on x86-64 Linux, and test_mkl_used_when_installed
-fails if it is installed but not used)."""
+fails if it is installed but not used).  The measured choice of
+``PYFLOW_BLAS=auto`` is tested in test_blas_tuning.py; here products are
+routed by the fixed rule, so that nothing depends on a measurement."""
 import importlib.metadata
 
 import numpy as np
 import pytest
 
-from pyflow.kernels.cpu import blas
+from pyflow.kernels.cpu import blas, blas_tuning
 
 try:
     importlib.metadata.version("mkl")
@@ -19,6 +21,18 @@ except importlib.metadata.PackageNotFoundError:
 
 BACKENDS = ["numpy", pytest.param("mkl", marks=pytest.mark.skipif(
     not MKL_INSTALLED, reason="the mkl wheel is not installed"))]
+
+
+@pytest.fixture(autouse=True)
+def fixed_routing(tmp_path, monkeypatch):
+    """MKL by the built-in size rule where it is installed (no measurement), and
+    a cache directory of the test's own should a test choose ``auto``."""
+    monkeypatch.setenv(blas_tuning.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("PYFLOW_BLAS", "mkl" if MKL_INSTALLED else "numpy")
+    blas.reload()
+    yield
+    monkeypatch.undo()
+    blas.reload()
 
 
 @pytest.fixture(params=BACKENDS)
@@ -141,7 +155,12 @@ def test_bad_choice_and_missing_mkl(monkeypatch):
 
 
 def test_mkl_used_when_installed(monkeypatch):
+    """``auto`` finds the installed wheel and routes to it when it measures faster
+    (the measurement replaced by one where MKL wins every shape)."""
+    wins = [{"case": str(f), "stack": s, "flops": f, "mkl_ms": 1.0, "numpy_ms": 2.0}
+            for f in (1 << 26, 1 << 28) for s in (0, 8)]
     monkeypatch.setenv("PYFLOW_BLAS", "auto")
+    monkeypatch.setattr(blas_tuning, "measure", lambda mkl_product, grid=None: wins)
     blas.reload()
     try:
         assert blas.backend() == ("mkl" if MKL_INSTALLED else "numpy")
