@@ -16,6 +16,7 @@ from numba import njit, prange
 
 from .. import scalar
 from .fastmath import fast_erf, fast_exp, fast_tanh
+from .twin import twin
 
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 PARALLEL_MIN = 1 << 19     # below this one thread is faster (2 cores: GELU on 131K, 43 vs 85 us)
@@ -56,9 +57,11 @@ BINARY = {"gelu_backward": 0, "gelu_tanh_backward": 1, "silu_backward": 2}
 JIT = dict(nogil=True, cache=True, error_model="numpy", fastmath=FASTMATH)
 
 
-# One loop per op inside each kernel, so every loop inlines its function and vectorizes.
-@njit(parallel=True, **JIT)
-def _unary_parallel(op, x, out):
+# One loop per op inside each kernel, so every loop inlines its function and
+# vectorizes.  Each is compiled for the threads and for one (kernels/cpu/twin.py);
+# ``run`` picks by PARALLEL_MIN, measured for these cheap loops.
+@twin(**JIT)
+def _unary(op, x, out):
     n = x.size
     if op == 0:
         for i in prange(n):
@@ -74,25 +77,8 @@ def _unary_parallel(op, x, out):
             out[i] = _sigmoid(x[i])
 
 
-@njit(**JIT)
-def _unary_serial(op, x, out):
-    n = x.size
-    if op == 0:
-        for i in range(n):
-            out[i] = _gelu(x[i])
-    elif op == 1:
-        for i in range(n):
-            out[i] = _gelu_tanh(x[i])
-    elif op == 2:
-        for i in range(n):
-            out[i] = _silu(x[i])
-    else:
-        for i in range(n):
-            out[i] = _sigmoid(x[i])
-
-
-@njit(parallel=True, **JIT)
-def _binary_parallel(op, g, x, out):
+@twin(**JIT)
+def _binary(op, g, x, out):
     n = x.size
     if op == 0:
         for i in prange(n):
@@ -102,20 +88,6 @@ def _binary_parallel(op, g, x, out):
             out[i] = _gelu_tanh_backward(g[i], x[i])
     else:
         for i in prange(n):
-            out[i] = _silu_backward(g[i], x[i])
-
-
-@njit(**JIT)
-def _binary_serial(op, g, x, out):
-    n = x.size
-    if op == 0:
-        for i in range(n):
-            out[i] = _gelu_backward(g[i], x[i])
-    elif op == 1:
-        for i in range(n):
-            out[i] = _gelu_tanh_backward(g[i], x[i])
-    else:
-        for i in range(n):
             out[i] = _silu_backward(g[i], x[i])
 
 
@@ -133,8 +105,8 @@ def run(name, arrays, out=None):
     flat = [x.reshape(-1) for x in arrays]
     parallel = flat[0].size >= PARALLEL_MIN
     if name in UNARY:
-        (_unary_parallel if parallel else _unary_serial)(UNARY[name], flat[0], out.reshape(-1))
+        (_unary.parallel if parallel else _unary.serial)(UNARY[name], flat[0], out.reshape(-1))
     else:
-        (_binary_parallel if parallel else _binary_serial)(BINARY[name], flat[0], flat[1],
+        (_binary.parallel if parallel else _binary.serial)(BINARY[name], flat[0], flat[1],
                                                            out.reshape(-1))
     return out

@@ -30,6 +30,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..registry import register
+from .twin import twin
 
 # Philox-4x32 constants (Random123): round multipliers and Weyl key increments.
 _M0 = np.uint64(0xD2511F53)
@@ -97,7 +98,7 @@ def _keep_one(x, out, keep, e, bits, p, scale, zero):
     out[e] = x[e] * (scale if k else zero)
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@twin(nogil=True, cache=True)
 def _dropout_philox(x, p, scale, zero, k0, k1, o0, o1, out, keep):
     """One Philox call per group of 4 elements (its 4 words), groups in parallel."""
     n = x.size
@@ -113,7 +114,7 @@ def _dropout_philox(x, p, scale, zero, k0, k1, o0, o1, out, keep):
             _keep_one(x, out, keep, e + 3, r3, p, scale, zero)
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@twin(nogil=True, cache=True)
 def _masked_scale(x, keep, scale, out):
     for i in prange(x.size):
         out[i] = x[i] * (scale if keep[i] else 0.0)   # like PyTorch: NaN * 0 stays NaN

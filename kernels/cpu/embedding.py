@@ -8,9 +8,10 @@ import numpy as np
 from numba import njit, prange
 
 from ..registry import register
+from .twin import twin
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@twin(size_of=2, nogil=True, cache=True)
 def _gather_rows(weight, idx, out):
     for i in prange(idx.size):
         out[i, :] = weight[idx[i], :]

@@ -17,42 +17,26 @@ indexing: it is a C loop of row memcpys that numba cannot beat, and it handles
 every NumPy placement rule of advanced indices for free.
 """
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..registry import register
+from .twin import twin
 
 _PARALLEL_MIN = 1 << 15   # below this many elements a thread launch costs more than it saves
 
 
-@njit(nogil=True, cache=True)
+# Each kernel compiled for the threads and for one (kernels/cpu/twin.py); the
+# callers pick with ``_parallel``, which counts the rows prange splits too.
+@twin(nogil=True, cache=True)
 def _gather3(src, idx, out):
-    for o in range(idx.shape[0]):
-        for j in range(idx.shape[1]):
-            for i in range(idx.shape[2]):
-                out[o, j, i] = src[o, idx[o, j, i], i]
-
-
-@njit(nogil=True, cache=True, parallel=True)
-def _gather3_par(src, idx, out):
     for o in prange(idx.shape[0]):
         for j in range(idx.shape[1]):
             for i in range(idx.shape[2]):
                 out[o, j, i] = src[o, idx[o, j, i], i]
 
 
-@njit(nogil=True, cache=True)
+@twin(nogil=True, cache=True)
 def _scatter3(dst, idx, src, accumulate):
-    for o in range(idx.shape[0]):
-        for j in range(idx.shape[1]):
-            for i in range(idx.shape[2]):
-                if accumulate:
-                    dst[o, idx[o, j, i], i] += src[o, j, i]
-                else:
-                    dst[o, idx[o, j, i], i] = src[o, j, i]
-
-
-@njit(nogil=True, cache=True, parallel=True)
-def _scatter3_par(dst, idx, src, accumulate):
     for o in prange(idx.shape[0]):
         for j in range(idx.shape[1]):
             for i in range(idx.shape[2]):
@@ -62,18 +46,9 @@ def _scatter3_par(dst, idx, src, accumulate):
                     dst[o, idx[o, j, i], i] = src[o, j, i]
 
 
-@njit(nogil=True, cache=True)
+@twin(nogil=True, cache=True)
 def _index_add3(dst, idx, src):
     """dst[o, idx[j], i] += src[o, j, i]: one index shared by all rows."""
-    for o in range(src.shape[0]):
-        for j in range(idx.shape[0]):
-            r = idx[j]
-            for i in range(src.shape[2]):
-                dst[o, r, i] += src[o, j, i]
-
-
-@njit(nogil=True, cache=True, parallel=True)
-def _index_add3_par(dst, idx, src):
     for o in prange(src.shape[0]):
         for j in range(idx.shape[0]):
             r = idx[j]
@@ -90,7 +65,8 @@ def gather(src3, idx3):
     """out[o, j, i] = src3[o, idx3[o, j, i], i] (all C-contiguous, idx int64)."""
     out = np.empty(idx3.shape, src3.dtype)
     if out.size:
-        (_gather3_par if _parallel(idx3.shape[0], idx3.size) else _gather3)(src3, idx3, out)
+        (_gather3.parallel if _parallel(idx3.shape[0], idx3.size) else _gather3.serial)(
+            src3, idx3, out)
     return out
 
 
@@ -98,7 +74,7 @@ def gather(src3, idx3):
 def scatter(dst3, idx3, src3, accumulate):
     """dst3[o, idx3[o, j, i], i] (+)= src3[o, j, i], in place on ``dst3``."""
     if idx3.size:
-        fn = _scatter3_par if _parallel(idx3.shape[0], idx3.size) else _scatter3
+        fn = _scatter3.parallel if _parallel(idx3.shape[0], idx3.size) else _scatter3.serial
         fn(dst3, idx3, src3, accumulate)
     return dst3
 
@@ -107,7 +83,7 @@ def scatter(dst3, idx3, src3, accumulate):
 def index_add(dst3, idx1, src3):
     """dst3[o, idx1[j], i] += src3[o, j, i], in place; duplicates accumulate."""
     if src3.size:
-        fn = _index_add3_par if _parallel(src3.shape[0], src3.size) else _index_add3
+        fn = _index_add3.parallel if _parallel(src3.shape[0], src3.size) else _index_add3.serial
         fn(dst3, idx1, src3)
     return dst3
 

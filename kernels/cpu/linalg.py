@@ -1,5 +1,5 @@
-"""GEMM on the CPU: a BLAS (blas.py picks MKL when installed, else NumPy's
-OpenBLAS).  A hand-written numba GEMM cannot match a tuned BLAS on the CPU;
+"""GEMM on the CPU: a BLAS (blas.py routes each product to MKL, when installed,
+or NumPy's OpenBLAS, by a measurement of this machine).  A hand-written numba GEMM cannot match a tuned BLAS on the CPU;
 the numba.cuda tiled GEMM is where pyflow writes its own.
 
 A transposed 2-D view goes to BLAS with its ``trans`` flag instead of being
@@ -19,9 +19,10 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..registry import register
+from .twin import twin
 from . import blas
 from .activation import PARALLEL_MIN
 
@@ -87,7 +88,7 @@ def matmul(a, b, out=None):
     if not _blas_ready(b):
         b = np.ascontiguousarray(b)
     if out is None and a.ndim == 2 and b.ndim == 2 and \
-            2 * a.shape[0] * a.shape[1] * b.shape[1] < blas.MKL_MIN_FLOPS:
+            2 * a.shape[0] * a.shape[1] * b.shape[1] < blas.mkl_min_flops():
         # What blas.matmul does below MKL's size, without its checks.  On operands
         # BLAS reads in place, np.dot is NumPy's 2-D product through the same BLAS
         # call as np.matmul (bit-identical, tests/kernels/test_cpu_matmul.py) with
@@ -105,7 +106,7 @@ def matmul(a, b, out=None):
     return np.asarray(blas.matmul(a, b))
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@twin(nogil=True, cache=True)
 def _add_rows(out, bias):
     """out[i, :] += bias for every row, the rows split over the threads."""
     for i in prange(out.shape[0]):

@@ -12,17 +12,18 @@ is exp and log1p, which NumPy's SIMD ufuncs do best (see kernels/cpu/__init__).
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..registry import register
 from .fastmath import fast_exp
 from .softmax import FASTMATH, row_max
+from .twin import twin
 
 JIT = dict(nogil=True, cache=True, fastmath=FASTMATH, error_model="numpy")
 
 
 # ------------------------------------------------------------------ cross entropy
-@njit(parallel=True, **JIT)
+@twin(**JIT)
 def _cross_entropy_forward(x, target, w, ignore_index, smoothing, loss, lse):
     """loss_i = (1-e) * w[t] * (lse - x[t]) + e/C * sum_c w[c] * (lse - x[c])."""
     rows, C = x.shape
@@ -49,7 +50,7 @@ def _cross_entropy_forward(x, target, w, ignore_index, smoothing, loss, lse):
         loss[i] = v
 
 
-@njit(parallel=True, **JIT)
+@twin(size_of=1, **JIT)
 def _cross_entropy_backward(g, x, target, w, ignore_index, smoothing, lse, dx):
     """dx = g_i * ((1-e) * w[t] * (p - onehot(t)) + e/C * (sum(w) * p - w))."""
     rows, C = x.shape
@@ -99,14 +100,14 @@ def cross_entropy_backward(g, x, target, w, ignore_index, smoothing, lse):
 
 
 # ------------------------------------------------------------------ nll
-@njit(parallel=True, nogil=True, cache=True)
+@twin(nogil=True, cache=True)
 def _nll_forward(x, target, w, ignore_index, loss):
     for i in prange(x.shape[0]):
         t = target[i]
         loss[i] = 0.0 if t == ignore_index else -w[t] * x[i, t]
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@twin(size_of=4, nogil=True, cache=True)
 def _nll_backward(g, target, w, ignore_index, dx):
     for i in prange(dx.shape[0]):
         for c in range(dx.shape[1]):

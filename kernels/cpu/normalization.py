@@ -12,9 +12,10 @@ import math
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..registry import register
+from .twin import twin
 
 # reassociation lets LLVM vectorize the sums (no 'nnan'/'ninf': NaN stays NaN)
 JIT = dict(nogil=True, cache=True, error_model="numpy",
@@ -22,7 +23,7 @@ JIT = dict(nogil=True, cache=True, error_model="numpy",
 
 
 # ------------------------------------------------------------------ layer_norm
-@njit(parallel=True, **JIT)
+@twin(**JIT)
 def _layer_norm_forward(x, w, b, eps, out, mean, rstd):
     rows, n = x.shape
     for i in prange(rows):
@@ -42,7 +43,7 @@ def _layer_norm_forward(x, w, b, eps, out, mean, rstd):
             out[i, j] = (x[i, j] - mu_x) * r_x * w[j] + b[j]
 
 
-@njit(parallel=True, **JIT)
+@twin(**JIT)
 def _layer_norm_backward(g, x, mean, rstd, w, dx, dw_parts, db_parts):
     """dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)); dw, db summed per chunk."""
     rows, n = x.shape
@@ -101,7 +102,7 @@ def layer_norm_backward(g, x, mean, rstd, w):
 
 
 # ------------------------------------------------------------------ batch_norm
-@njit(parallel=True, **JIT)
+@twin(**JIT)
 def _channel_stats(x, mean, var):
     """Per-channel mean and biased variance of x (N, C, S)."""
     N, C, S = x.shape
@@ -121,7 +122,7 @@ def _channel_stats(x, mean, var):
         var[c] = v / m
 
 
-@njit(parallel=True, **JIT)
+@twin(**JIT)
 def _channel_affine(x, scale, shift, out):
     """out = x * scale[c] + shift[c]."""
     N, C, S = x.shape
@@ -132,7 +133,7 @@ def _channel_affine(x, scale, shift, out):
             out[i, c, k] = x[i, c, k] * a + b
 
 
-@njit(parallel=True, **JIT)
+@twin(**JIT)
 def _batch_norm_backward(g, x, mean, rstd, w, training, dx, dw, db):
     N, C, S = x.shape
     m = N * S

@@ -17,12 +17,13 @@ thread whole planes, so backward scatters need no atomics.
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..registry import register
+from .twin import twin
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@twin(nogil=True, cache=True)
 def _max_pool(x, kh, kw, sh, sw, ph, pw, dh, dw, out, idx):
     P, H, W = x.shape
     _, Ho, Wo = out.shape
@@ -49,7 +50,7 @@ def _max_pool(x, kh, kw, sh, sw, ph, pw, dh, dw, out, idx):
                 idx[p, oh, ow] = where
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@twin(size_of=2, nogil=True, cache=True)
 def _scatter_planes(g, idx, out):
     """out (P, HW) = 0; out[p, idx[p, l]] += g[p, l]."""
     P, L = g.shape
@@ -62,7 +63,7 @@ def _scatter_planes(g, idx, out):
                 out[p, k] += g[p, l]
 
 
-@njit(nogil=True, cache=True, parallel=True, error_model="numpy")  # 0/0 -> nan, like PyTorch
+@twin(nogil=True, cache=True, error_model="numpy")  # 0/0 -> nan, like PyTorch
 def _avg_pool(x, hs, he, ws, we, div, out):
     P = x.shape[0]
     Ho, Wo = div.shape
@@ -76,7 +77,7 @@ def _avg_pool(x, hs, he, ws, we, div, out):
                 out[p, oh, ow] = acc / div[oh, ow]
 
 
-@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
+@twin(size_of=6, nogil=True, cache=True, error_model="numpy")
 def _avg_pool_backward(g, hs, he, ws, we, div, out):
     P, H, W = out.shape
     Ho, Wo = div.shape

@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..registry import register
+from .twin import twin
 from .fastmath import fast_exp
 
 # Reassociation lets LLVM vectorize the max/sum reductions; no 'nnan'/'ninf',
@@ -67,7 +68,7 @@ def valid_length(i, n, causal):
     return n if causal == 0 else min(n, i % causal + 1)
 
 
-@njit(parallel=True, **JIT)
+@twin(**JIT)
 def _rows_forward(x, out, log, scale, causal):
     """softmax(x * scale) of each row; with ``causal`` the masked tail of a row is
     skipped (never read) and written as 0 (log: -inf)."""
@@ -101,7 +102,7 @@ def _rows_forward(x, out, log, scale, causal):
             out[i, nv:] = 0.0
 
 
-@njit(parallel=True, **JIT)
+@twin(**JIT)
 def _cols_forward(x, out, log):
     outer, n, inner = x.shape
     for o in prange(outer):
@@ -133,7 +134,7 @@ def _cols_forward(x, out, log):
 # ------------------------------------------------------------------ backward
 # softmax:     dx = y * (g - sum(g * y))
 # log_softmax: dx = g - exp(y) * sum(g)
-@njit(parallel=True, **JIT)
+@twin(**JIT)
 def _rows_backward(g, y, dx, log, scale, causal):
     """The gradient of softmax(x * scale): ``scale`` times the plain one; the
     causally masked tail gets 0 without being read."""
@@ -155,7 +156,7 @@ def _rows_backward(g, y, dx, log, scale, causal):
         dx[i, nv:] = 0.0
 
 
-@njit(parallel=True, **JIT)
+@twin(**JIT)
 def _cols_backward(g, y, dx, log):
     outer, n, inner = y.shape
     for o in prange(outer):
