@@ -655,10 +655,24 @@ def main(argv=None):
     print()
     print(text)
     if args.out != "-":
+        kept = _roofline_section(args.out)
         with open(args.out, "w") as f:
-            f.write(text + "\n")
+            f.write(text + "\n" + (f"\n{kept}" if kept else ""))
         print(f"written to {os.path.relpath(args.out)}")
     return 0
+
+
+def _roofline_section(path):
+    """The ``## Roofline`` section bench/roofline.py wrote into ``path`` (kept
+    when this script rewrites the file), or ''."""
+    if not os.path.exists(path):
+        return ""
+    text = open(path).read()
+    if "\n## Roofline" not in text:
+        return ""
+    section = text.split("\n## Roofline", 1)[1]
+    end = section.find("\n## ")
+    return "## Roofline" + (section[:end + 1] if end >= 0 else section)
 
 
 if __name__ == "__main__":

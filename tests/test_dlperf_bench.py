@@ -177,3 +177,25 @@ def test_report_warns_when_the_machine_was_busy():
     assert "Data-parallel scaling" not in busy and "| GPT-2 small |" in busy
     quiet = dlperf.report(args, {**facts, "load1": 0.1}, results, {}, "later", "cmd", "now", 60)
     assert "shared with other work" not in quiet and "load average: 3.10" in quiet
+
+
+def test_roofline_report_runs_on_the_tiny_preset(tmp_path):
+    """bench/roofline.py end to end (peak GEMM, copy, counts, dlperf step times),
+    on the tiny preset and a small peak GEMM; its section goes into a results
+    file, replacing an older one."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# DLPerf\n\n## Throughput\n\nold table\n\n## Roofline\n\nold roofline\n")
+    proc = subprocess.run([sys.executable, os.path.join(root, "bench", "roofline.py"),
+                           "--preset", "tiny", "--models", "gpt", "--steps", "1", "--warmup", "1",
+                           "--gemm-size", "128", "--results", str(results)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = results.read_text()
+    assert "old table" in text and "old roofline" not in text
+    assert text.count("## Roofline") == 1
+    row = next(line for line in text.splitlines() if line.startswith("| GPT (tiny)"))
+    assert row.count("of peak") == 3, row       # PyTorch, pyflow eager, pyflow graph
