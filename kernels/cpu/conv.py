@@ -1,4 +1,5 @@
-"""2-D convolution as im2col + GEMM (numba for the data movement, BLAS for the math).
+"""2-D convolution as im2col + GEMM (numba for the data movement, BLAS for the math),
+or, for the 3x3 layers ``direct_ok`` picks, the direct kernels of ``conv_direct.py``.
 
 Layout: ``cols`` is (C*kh*kw, N*Ho*Wo).  Row ``(c, i, j)`` holds input channel
 ``c`` seen through kernel tap ``(i, j)`` at every output position of every
@@ -15,6 +16,11 @@ it into (N, O, L).  The backward turns ``grad_out`` into (O, N*L) once and
 uses it for the weight gradient (``g @ cols.T``, BLAS reads the transpose in
 place), the input gradient (``W.T @ g`` then col2im) and the bias gradient.
 
+3x3 convolutions of enough channels and pixels skip im2col altogether: the
+direct kernels of ``conv_direct.py`` read the input where it lies, with a
+register tile of output pixels x 16 output channels (``direct_ok`` says
+which; this path stays the reference and the fallback for every other case).
+
 A 1x1 convolution with stride 1 and no padding needs no im2col: per image,
 ``y[n] = W @ x[n]`` is a GEMM on the NCHW layout itself, and the input
 gradient ``gx[n] = W.T @ gy[n]`` likewise, so one batched GEMM replaces
@@ -27,11 +33,13 @@ forward, 2x2 maps 595 -> 1303 us).  Most of ResNet's convolutions are 1x1.
 (it may differ from top/left for ``padding='same'``), and im2col's bounds check
 writes the zeros of every side.
 """
+import os
+
 import numpy as np
 from numba import njit, prange
 
 from ..registry import register
-from . import blas
+from . import blas, conv_direct
 
 
 @njit(nogil=True, cache=True)
@@ -121,12 +129,53 @@ def _im2col(x, kh, kw, stride, padding, dilation, out_hw):
     return cols
 
 
+# PYFLOW_CONV_DIRECT=0 (or DIRECT = False) sends every convolution to im2col:
+# the reference path, for comparisons and benchmarks.
+DIRECT = os.environ.get("PYFLOW_CONV_DIRECT", "1").strip() != "0"
+
+
+def direct_ok(x_shape, w_shape, stride, padding, dilation, groups, out_hw, dtype):
+    """True when the direct kernels (``conv_direct.py``) take this convolution:
+    3x3, stride 1 or 2, any padding, groups 1, no dilation, float32/float64,
+    and, measured (bench/conv.py, AMD EPYC, one and two threads):
+
+    * a reduction C*9 of at least ``conv_direct.SHORT_REDUCTION`` (64) and
+      ``2 * N*Ho*Wo >= O``: below that many output pixels, packing the weights
+      costs as much as the im2col matrix saves (512->512 at 4x4, forward, one
+      thread: batch 16 22.8 against 27.1 ms im2col, batch 8 even, batch 1 6.8
+      against 2.6 ms);
+    * or a short reduction at stride 1 with output rows of at least 16 floats
+      (``conv_direct.row_wise``: ResNet's 3-channel stem, the MNIST CNN's
+      1-channel conv1), whose forward runs along rows.  Their input gradient
+      (rarely wanted: they read the data) keeps GEMM + col2im, see
+      ``conv2d_backward``.
+
+    1x1 convolutions stay with im2col or the per-image GEMMs of ``_pointwise``:
+    their "im2col" is a strided copy of x, and on ResNet-18's stride-2
+    downsamples the direct kernels were 10-40% slower at one thread (0-30%
+    faster at two; a few ms of a step either way).  The rule reads shapes
+    only, not the thread count, so the forward and the backward of a
+    convolution, every rank and every run agree.
+    """
+    O, Cg, kh, kw = w_shape
+    if not (DIRECT and groups == 1 and (kh, kw) == (3, 3) and tuple(dilation) == (1, 1)
+            and max(stride) <= 2 and x_shape[0] > 0
+            and np.dtype(dtype) in (np.float32, np.float64)):
+        return False
+    reduction = Cg * kh * kw
+    if reduction >= conv_direct.SHORT_REDUCTION:
+        return 2 * x_shape[0] * out_hw[0] * out_hw[1] >= O
+    return conv_direct.row_wise(reduction, stride, out_hw[1], dtype)
+
+
 @register("conv2d", "cpu")
 def conv2d(x, w, bias, stride, padding, dilation, groups, out_hw, keep_cols):
     """x (N, C, H, W), w (O, C/groups, kh, kw), bias (O,) or None -> (y, cols or None)."""
     N = x.shape[0]
     O, Cg, kh, kw = w.shape
     Ho, Wo = out_hw
+    if direct_ok(x.shape, w.shape, stride, padding, dilation, groups, out_hw, x.dtype):
+        return conv_direct.forward(x, w, bias, stride, padding, dilation, out_hw), None
     if _pointwise(w.shape, stride, padding, groups, out_hw):
         y = np.empty((N, O, Ho, Wo), x.dtype)
         blas.matmul(w.reshape(O, Cg), np.ascontiguousarray(x).reshape(N, Cg, Ho * Wo),
@@ -155,20 +204,32 @@ def conv2d_backward(x, w, gy, cols, x_shape, w_shape, stride, padding, dilation,
                     need_input, need_weight, need_bias):
     """Gradients (input, weight, bias) of conv2d; each is None unless asked for.
 
-    ``x`` is only read (through im2col) when the weight gradient is needed and
-    ``cols`` was not kept by the forward; ``w`` only for the input gradient.
+    ``x`` is only read (through im2col or the direct kernels) when the weight
+    gradient is needed and ``cols`` was not kept by the forward; ``w`` only for
+    the input gradient.
     """
     N, O, Ho, Wo = gy.shape
     dt = gy.dtype
-    if _pointwise(w_shape, stride, padding, groups, (Ho, Wo)):
+    direct = direct_ok(x_shape, w_shape, stride, padding, dilation, groups, (Ho, Wo), dt)
+    if not direct and _pointwise(w_shape, stride, padding, groups, (Ho, Wo)):
         return _pointwise_backward(x, w, gy, x_shape, w_shape, need_input, need_weight,
                                    need_bias)
-    g2 = np.empty((O, N * Ho * Wo), dt)           # grad_out as (O, N*L): one copy, used 3x
-    g2.reshape(O, N, Ho, Wo)[...] = gy.transpose(1, 0, 2, 3)
+    # A direct forward keeps no im2col matrix; one passed in anyway is read by the GEMM.
+    direct_w = direct and cols is None
+    # A short reduction (3 input channels) leaves the direct input gradient's 16
+    # lanes mostly empty: 6.1 against 3.2 ms for ResNet's stem; GEMM + col2im.
+    direct_x = direct and w_shape[1] * w_shape[2] * w_shape[3] >= conv_direct.SHORT_REDUCTION
     gx = gw = gb = None
+    g2 = None
+    if (need_weight and not direct_w) or (need_input and not direct_x) or \
+            (need_bias and not direct):
+        g2 = np.empty((O, N * Ho * Wo), dt)       # grad_out as (O, N*L): one copy, used 3x
+        g2.reshape(O, N, Ho, Wo)[...] = gy.transpose(1, 0, 2, 3)
     if need_bias:
-        gb = g2.sum(axis=1)
-    if need_weight:
+        gb = gy.sum(axis=(0, 2, 3)) if g2 is None else g2.sum(axis=1)
+    if need_weight and direct_w:
+        gw = conv_direct.weight_grad(x, gy, w_shape, stride, padding, dilation)
+    elif need_weight:
         if cols is None:
             cols = _im2col(x, w_shape[2], w_shape[3], stride, padding, dilation, (Ho, Wo))
         K = cols.shape[0]
@@ -184,7 +245,9 @@ def conv2d_backward(x, w, gy, cols, x_shape, w_shape, stride, padding, dilation,
         for g in range(groups):
             blas.matmul(g2[g * Og:(g + 1) * Og], cols[g * Kg:(g + 1) * Kg].T,
                         out=gw2[g * Og:(g + 1) * Og])
-    if need_input:
+    if need_input and direct_x:
+        gx = conv_direct.input_grad(gy, w, x_shape, stride, padding, dilation)
+    elif need_input:
         _, Cg, kh, kw = w_shape
         Og, Kg = O // groups, Cg * kh * kw
         w2 = w.reshape(O, Kg)
