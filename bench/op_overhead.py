@@ -24,8 +24,8 @@ import statistics
 import sys
 
 # NumPy's OpenBLAS must not spin idle threads for long after each GEMM (see
-# pyflow/__init__.py); torch does not use it, so this changes nothing for torch.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+# pyflow/_threads.py); torch does not use it, so this changes nothing for torch.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")  # pyflow's own (pyflow/_threads.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)

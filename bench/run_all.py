@@ -3,10 +3,10 @@ import os
 import sys
 
 # NumPy's OpenBLAS must not spin idle threads for long after each GEMM (see
-# pyflow/__init__.py); torch does not use it, so this changes nothing for torch.
+# pyflow/_threads.py); torch does not use it, so this changes nothing for torch.
 # torch is imported before pyflow so its OpenMP runtime keeps its own default
 # (active) wait policy; pyflow then sets a passive one for numba's runtime only.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")  # pyflow's own (pyflow/_threads.py)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -8,8 +8,15 @@ pthread pool of its own).  A pool that *spins* after its work waiting for
 more keeps its cores from the pool that runs next.  Both runtimes read their
 spin settings from the environment once, when they are loaded:
 
-* ``OPENBLAS_THREAD_TIMEOUT=4``: OpenBLAS workers sleep after 2^4 cycles
-  instead of spinning 2^28 (small-CNN training step 58 ms -> 12.6 ms).
+* ``OPENBLAS_THREAD_TIMEOUT=20`` (``OPENBLAS_TIMEOUT``): OpenBLAS workers
+  spin 2^20 cycles (about 0.3 ms) after a GEMM, then sleep, instead of
+  spinning 2^28 (about 90 ms; small-CNN training step 58 ms -> 12.6 ms when
+  that was cut).  Until 2026-12-03 (session 13) pyflow set 4, sleeping at
+  once: then each of a small GPT's ~40 GEMMs per step paid for waking a
+  sleeping worker.  Measured on 2 cores (AMD EPYC, quiet machine, three
+  alternating runs of ``bench/small_models.py --worker``): small GPT step
+  eager 8.6-8.9 ms -> 7.5-8.0 ms, graph 6.1-6.7 -> 5.3-5.6 ms; MNIST CNN
+  (50-56 ms) and ResNet-18 (413-418 ms) unchanged; 12 and 16 behaved as 4.
   ``import pyflow`` sets it (unless set) before NumPy loads.
 * OpenMP keeps its default wait (spin ``GOMP_SPINCOUNT`` = 300,000 rounds,
   then sleep) in a process that has the machine to itself: with OpenBLAS
@@ -49,6 +56,7 @@ import os
 import sys
 
 GUARD_ENV_VAR = "PYFLOW_THREAD_GUARD"
+OPENBLAS_TIMEOUT = "20"     # 2^20 cycles of spin before an idle worker sleeps
 
 _found = {}
 
@@ -59,7 +67,7 @@ def set_wait_policies():
                   user_timeout=os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
                   openmp_first=_loaded("libgomp"),
                   user_wait_policy=os.environ.get("OMP_WAIT_POLICY"))
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", OPENBLAS_TIMEOUT)
     if _ranks_on_this_machine() > 1:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

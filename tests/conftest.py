@@ -1,7 +1,9 @@
 import os
 import sys
 
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # see pyflow/__init__.py
+# Two pytest-xdist workers share 2 cores here: idle OpenBLAS threads sleep at once
+# (pyflow's default spins ~0.3 ms for one process alone; pyflow/_threads.py).
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 # Matrix products follow blas.py's fixed size rule (PYFLOW_BLAS=mkl where the mkl
 # wheel is installed, numpy otherwise), not a measurement of the machine: results do

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from pyflow import _threads
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE = """
 import json, sys
@@ -38,7 +40,7 @@ def _probe(*imports, guard=None):
 @pytest.mark.cpu_only
 def test_pyflow_first_sets_the_short_openblas_timeout():
     got = _probe()
-    assert got["timeout"] == [4]
+    assert got["timeout"] == [int(_threads.OPENBLAS_TIMEOUT)]
     assert got["report"]["numpy imported before pyflow"] is False
     assert got["report"]["OpenBLAS"] == "none needed"
     assert got["report"]["OpenMP"] == "default wait (a short spin, then sleep)"
@@ -47,9 +49,10 @@ def test_pyflow_first_sets_the_short_openblas_timeout():
 @pytest.mark.cpu_only
 def test_numpy_first_openblas_pool_is_restarted_with_the_short_timeout():
     got = _probe("numpy")
-    assert got["timeout"] == [4], "OpenBLAS kept its spinning default (timeout 0)"
+    assert got["timeout"] == [int(_threads.OPENBLAS_TIMEOUT)], \
+        "OpenBLAS kept its spinning default (timeout 0)"
     assert got["report"]["numpy imported before pyflow"] is True
-    assert "restarted with OPENBLAS_THREAD_TIMEOUT=4" in got["report"]["OpenBLAS"]
+    assert f"restarted with OPENBLAS_THREAD_TIMEOUT={_threads.OPENBLAS_TIMEOUT}" in got["report"]["OpenBLAS"]
     assert got["gemm_ok"]
 
 
@@ -64,7 +67,7 @@ def test_guard_off_leaves_the_preloaded_pool_spinning():
 def test_torch_first():
     pytest.importorskip("torch")
     got = _probe("torch")
-    assert got["timeout"] == [4]
+    assert got["timeout"] == [int(_threads.OPENBLAS_TIMEOUT)]
     assert got["report"]["torch imported before pyflow"] is True
     assert got["report"]["OpenMP"].startswith("loaded before pyflow")
     assert got["gemm_ok"]
