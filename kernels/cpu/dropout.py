@@ -22,10 +22,17 @@ one seed on every device.  The op takes a fresh 64-bit seed from a
 ``pyflow.random`` generator per call, so ``manual_seed`` makes runs
 reproducible; ``offset`` lets a caller draw several masks from one seed.
 
+On the CPU the kernel draws the words of 256 groups into a buffer in one loop
+that LLVM vectorizes (four Philox calls per AVX2 instruction), then applies the
+keep test, as the equivalent integer test ``bits >> 8 >= keep_threshold(p)``,
+and the scaling to their 1024 elements; the words and the mask are those above.
+
 ``dropout(x, keep, scale)`` is the masked scaling alone (``x * keep * scale``):
 the backward applies it to the gradient with the forward's mask.  Dropped
 elements are ``x * 0``, so NaN stays NaN, as in PyTorch.
 """
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -40,7 +47,6 @@ _W1 = np.uint64(0xBB67AE85)
 _LO32 = np.uint64(0xFFFFFFFF)
 _S32 = np.uint64(32)
 _S8 = np.uint32(8)
-_TWO_M24 = np.float32(2.0 ** -24)
 ROUNDS = 10
 
 
@@ -65,6 +71,7 @@ def philox4x32(c0, c1, c2, c3, k0, k1):
 
 
 _philox = njit(nogil=True, cache=True)(philox4x32)
+_philox_inline = njit(inline="always")(philox4x32)   # inlined where it loops
 
 
 def philox_words(counter, key):
@@ -91,27 +98,46 @@ def check_probability(p):
     return 0.0 if p == 1.0 else 1.0 / (1.0 - p)     # p == 1 drops all: u < 1 always
 
 
-@njit(inline="always")
-def _keep_one(x, out, keep, e, bits, p, scale, zero):
-    k = np.float32(bits >> _S8) * _TWO_M24 >= p
-    keep[e] = k
-    out[e] = x[e] * (scale if k else zero)
+# Philox groups per block of the kernel: their words go to a small buffer, so
+# the Philox loop has no per-element bounds tests (the old kernel's branches per
+# word) and LLVM vectorizes it (the 32x32->64 products of four groups per AVX2
+# vpmuludq); the keep/scale loop then runs over elements.  1024 elements: the
+# buffer stays in L1.  (numba hoists the buffer's np.empty out of the prange:
+# one buffer per thread.)
+_BLOCK = 256
+
+
+def keep_threshold(p):
+    """The integer form of the keep test: ``(bits >> 8) * 2**-24 >= float32(p)``
+    holds exactly when ``bits >> 8 >= ceil(float32(p) * 2**24)`` (both sides
+    are exact: a 24-bit integer times a power of two, and float32 p times
+    2**24 in float64), so the kernel compares integers and never converts."""
+    return np.uint32(math.ceil(float(np.float32(p)) * 2.0 ** 24))
 
 
 @twin(nogil=True, cache=True)
-def _dropout_philox(x, p, scale, zero, k0, k1, o0, o1, out, keep):
-    """One Philox call per group of 4 elements (its 4 words), groups in parallel."""
+def _dropout_philox(x, thr, scale, zero, k0, k1, o0, o1, out, keep):
+    """Blocks of ``_BLOCK`` Philox groups in parallel; in each, first the
+    Philox words of all its groups (group g's word w -> bits[4 g + w], so bits
+    is in element order), then the keep test and scaling per element."""
     n = x.size
-    for g in prange((n + 3) // 4):
-        r0, r1, r2, r3 = _philox(np.uint32(g & 0xFFFFFFFF), np.uint32(g >> 32), o0, o1, k0, k1)
-        e = 4 * g
-        _keep_one(x, out, keep, e, r0, p, scale, zero)
-        if e + 1 < n:
-            _keep_one(x, out, keep, e + 1, r1, p, scale, zero)
-        if e + 2 < n:
-            _keep_one(x, out, keep, e + 2, r2, p, scale, zero)
-        if e + 3 < n:
-            _keep_one(x, out, keep, e + 3, r3, p, scale, zero)
+    groups = (n + 3) // 4
+    for b in prange((groups + _BLOCK - 1) // _BLOCK):
+        bits = np.empty(4 * _BLOCK, np.uint32)
+        g0 = b * _BLOCK
+        for i in range(min(_BLOCK, groups - g0)):
+            g = g0 + i
+            r0, r1, r2, r3 = _philox_inline(np.uint32(g & 0xFFFFFFFF), np.uint32(g >> 32),
+                                            o0, o1, k0, k1)
+            bits[4 * i] = r0
+            bits[4 * i + 1] = r1
+            bits[4 * i + 2] = r2
+            bits[4 * i + 3] = r3
+        e0 = 4 * g0
+        for i in range(min(4 * _BLOCK, n - e0)):
+            k = (bits[i] >> _S8) >= thr
+            keep[e0 + i] = k
+            out[e0 + i] = x[e0 + i] * (scale if k else zero)
 
 
 @twin(nogil=True, cache=True)
@@ -144,7 +170,7 @@ def dropout_philox(x, p, seed, offset=0):
     out = np.empty(x.shape, xc.dtype)
     keep = np.empty(x.shape, np.bool_)
     if out.size:
-        _dropout_philox(xc.reshape(-1), np.float32(p), xc.dtype.type(scale), xc.dtype.type(0),
+        _dropout_philox(xc.reshape(-1), keep_threshold(p), xc.dtype.type(scale), xc.dtype.type(0),
                         k0, k1, o0, o1, out.reshape(-1), keep.reshape(-1))
     return (out if dtype == xc.dtype else out.astype(dtype)), keep
 

@@ -67,6 +67,18 @@ def test_dropout_mask_is_philox_of_the_generator_seed(data):
     assert np.array_equal(half.float().cpu().numpy().reshape(-1) != 0, want)
 
 
+@pytest.mark.parametrize("shape, p", [((3, 1025), 0.3), ((64, 128), 0.5), ((64, 9216), 0.25)])
+def test_dropout_mask_of_large_tensors_is_philox(shape, p):
+    """Sizes past the CPU kernel's 1024-element blocks, with a ragged tail, and
+    the MNIST CNN's (64, 9216), which runs on the threads: mask and values."""
+    s = 0x0123456789ABCDEF
+    x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    out = pf.dropout(pf.tensor(x), p, generator=pf.Generator().manual_seed(s)).cpu().numpy()
+    keep = philox_mask_reference(x.size, p, next_seed(pf.Generator().manual_seed(s)))
+    want = x.reshape(-1) * np.where(keep, np.float32(1 / (1 - p)), np.float32(0))
+    assert np.array_equal(out.reshape(-1), want)
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_dropout_keep_rate_is_binomial(p):
     n = 20000
