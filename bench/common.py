@@ -147,12 +147,12 @@ def load_with(path, lib, name=None):
     return module
 
 
-def make_step(lib, mode, model, inputs, loss_of, opt, executor=None, fuse_update=False):
+def make_step(lib, mode, model, inputs, loss_of, opt, executor=None, fuse_update=None):
     """A function running one training step of ``model`` on ``inputs`` and returning
     the loss: eager (zero_grad, forward, backward, step) or, for ``mode ==
     "graph"``, one call of an ``nn.Graph`` with ``add_optimizer`` whose build()
     does the forward and ``loss.backward()`` (``executor``, ``fuse_update``: its
-    ``graph.config``; None keeps the default executor)."""
+    ``graph.config``; None keeps the default)."""
     if mode == "graph":
         class TrainGraph(lib.nn.Graph):
             def __init__(self):
@@ -161,7 +161,8 @@ def make_step(lib, mode, model, inputs, loss_of, opt, executor=None, fuse_update
                 self.add_optimizer(opt)
                 if executor is not None:
                     self.config.set_executor(executor)
-                self.config.allow_fuse_model_update_ops(fuse_update)
+                if fuse_update is not None:
+                    self.config.allow_fuse_model_update_ops(fuse_update)
 
             def build(self, *inputs):
                 loss = loss_of(self.model, *inputs)

@@ -4,13 +4,13 @@ Same model code (``bench/models_both.py``), data and optimizer (AdamW).  Each
 measurement runs in its own process, alternating the three for several
 rounds (see bench/train_step.py for why), and prints ratios of median step
 times.  ``--executor`` picks the graph's executor (actors by default).
-``--fuse-update`` compares graph mode with and without
-``allow_fuse_model_update_ops`` (one multi-tensor AdamW kernel instead of one
-update node per parameter) in the same alternating rounds.
+``--unfused-update`` also times graph mode with
+``allow_fuse_model_update_ops(False)`` (one update node per parameter instead
+of the default multi-tensor AdamW kernel) in the same alternating rounds.
 
 Targets (issue 4): on the GPT-mini (4 layers, d=256, T=128, batch 16) graph
 mode at least 1.3x pyflow eager and at least 1.0x PyTorch eager.
-Run: python bench/graph_step.py [--rounds 3] [--case mlp gpt] [--fuse-update]
+Run: python bench/graph_step.py [--rounds 3] [--case mlp gpt] [--unfused-update]
 """
 import argparse
 import json
@@ -50,7 +50,7 @@ def setup(lib, case):
     return model, x, y, loss_of
 
 
-def worker(mode, case, steps, warmup, executor, fuse_update=False):
+def worker(mode, case, steps, warmup, executor, fuse_update=None):
     sys.path.insert(0, ROOT)
     if mode == "torch":
         import torch as lib
@@ -64,31 +64,32 @@ def worker(mode, case, steps, warmup, executor, fuse_update=False):
     print(json.dumps({"median": step_times(step, steps, warmup)}))
 
 
-def measure(mode, case, steps, warmup, executor, fuse_update=False):
+def measure(mode, case, steps, warmup, executor, fuse_update=None):
     out = subprocess.run([sys.executable, __file__, "--worker", mode, "--case", case,
                           "--steps", str(steps), "--warmup", str(warmup),
-                          "--executor", executor] + (["--fuse-update"] if fuse_update else []),
+                          "--executor", executor] + (["--unfused-update"] if fuse_update is False
+                                                     else []),
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["median"]
 
 
-def run(rounds=3, steps=8, warmup=3, cases=tuple(CASES), executor="actors", fuse_update=False):
+def run(rounds=3, steps=8, warmup=3, cases=tuple(CASES), executor="actors", unfused=False):
     rows = []
     for case in cases:
         name, batch = CASES[case]
         times = {m: [] for m in MODES}
-        fused = []
+        per_param = []
         for _ in range(rounds):
             for m in MODES:
                 times[m].append(measure(m, case, steps, warmup, executor))
-            if fuse_update:
-                fused.append(measure("graph", case, steps, warmup, executor, True))
+            if unfused:
+                per_param.append(measure("graph", case, steps, warmup, executor, False))
         g, e, t = (statistics.median(times[m]) for m in MODES)
         rows.append([name, f"{batch / g:,.0f}", f"{batch / e:,.0f}", f"{batch / t:,.0f}",
                      f"{e / g:.2f}x", f"{t / g:.2f}x"])
-        if fuse_update:
-            f = statistics.median(fused)
-            rows.append([name + ", fused update", f"{batch / f:,.0f}", f"{batch / e:,.0f}",
+        if unfused:
+            f = statistics.median(per_param)
+            rows.append([name + ", update per parameter", f"{batch / f:,.0f}", f"{batch / e:,.0f}",
                          f"{batch / t:,.0f}", f"{e / f:.2f}x", f"{t / f:.2f}x"])
     return rows
 
@@ -104,15 +105,15 @@ if __name__ == "__main__":
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--executor", choices=["actors", "sequential"], default="actors")
-    ap.add_argument("--fuse-update", action="store_true",
-                    help="also time graph mode with allow_fuse_model_update_ops(True)")
+    ap.add_argument("--unfused-update", action="store_true",
+                    help="also time graph mode with allow_fuse_model_update_ops(False)")
     args = ap.parse_args()
     if args.worker:
         worker(args.worker, args.case[0], args.steps, args.warmup, args.executor,
-               args.fuse_update)
+               False if args.unfused_update else None)
     else:
         sys.path.insert(0, ROOT)
         from bench.common import machine, table
         print(machine())
         print(table(run(args.rounds, args.steps, args.warmup, args.case, args.executor,
-                        args.fuse_update), HEADERS))
+                        args.unfused_update), HEADERS))

@@ -261,16 +261,21 @@ def adam_members(op, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hpar
             arrays.append(max_exp_avg_sqs[i])
         row = rows.get(hparams[i])
         if row is None:
-            step, lr, beta1, beta2, eps, weight_decay = hparams[i]
-            _check_adam_hparams(lr, beta1, beta2, eps, weight_decay)
-            if not step >= 1:
-                raise ValueError(f"{op}: step of parameter {i} must be >= 1, got {step}")
-            bias_correction1 = 1 - beta1 ** step
-            bias_correction2 = 1 - beta2 ** step
-            row = rows[hparams[i]] = (weight_decay, 1 - lr * weight_decay, 1 - beta1, beta2,
-                                      1 - beta2, -(lr / bias_correction1),
-                                      bias_correction2 ** 0.5, eps)
+            row = rows[hparams[i]] = adam_row(op, hparams[i], i)
         yield i, names, arrays, row, amsgrad, maximize, decoupled
+
+
+def adam_row(op, hparams, i):
+    """Parameter i's ``(step, lr, beta1, beta2, eps, weight_decay)`` checked and
+    packed as the kernels read them (``_ADAM_HP``), in double as torch does."""
+    step, lr, beta1, beta2, eps, weight_decay = hparams
+    _check_adam_hparams(lr, beta1, beta2, eps, weight_decay)
+    if not step >= 1:
+        raise ValueError(f"{op}: step of parameter {i} must be >= 1, got {step}")
+    bias_correction1 = 1 - beta1 ** step
+    bias_correction2 = 1 - beta2 ** step
+    return (weight_decay, 1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2,
+            -(lr / bias_correction1), bias_correction2 ** 0.5, eps)
 
 
 def sgd_members(op, params, grads, momentum_buffers, hparams, flags):
@@ -315,6 +320,29 @@ def _check_group_arrays(op, names, arrays, dtype):
     _check_arrays(op, names, arrays)
 
 
+def _one_setting(lists, hparams, flags, dtype):
+    """The common case of a multi-tensor call, checked in one pass with no
+    per-parameter messages built: every parameter has the same flags, and
+    every array is a flat, C-contiguous, writeable ``dtype`` array the size of
+    its parameter.  False sends the call through the per-parameter checks,
+    which name what is wrong."""
+    n = len(lists[0])
+    if dtype not in _FLOATS or any(len(items) != n for items in lists) \
+            or not isinstance(hparams, (list, tuple)) or not isinstance(flags, (list, tuple)) \
+            or len(hparams) != n or len(flags) != n or flags.count(flags[0]) != n:
+        return False
+    ndarray = np.ndarray
+    for arrays in zip(*lists):
+        size = arrays[0].size
+        for a in arrays:
+            if type(a) is not ndarray or a.dtype != dtype or a.ndim != 1 or a.size != size:
+                return False
+            flags = a.flags
+            if not (flags.c_contiguous and flags.writeable):
+                return False
+    return True
+
+
 def _padded_chunks(n, dtype):
     """(lo, hi) chunks of TUPLE_WIDTH and a function padding a chunk's arrays."""
     empty = _EMPTY[dtype]
@@ -341,13 +369,24 @@ def adam_multi_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hpara
     dtype = params[0].dtype if n and isinstance(params[0], np.ndarray) else None
     hp = np.empty((n, len(_ADAM_HP)), dtype=dtype if dtype in _FLOATS else np.float64)
     flag_rows = np.zeros((n, 3), np.int8)
-    maxes = []
-    for i, names, arrays, row, amsgrad, maximize, decoupled in adam_members(
-            op, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hparams, flags):
-        _check_group_arrays(op, names, arrays, dtype)
-        hp[i] = row
-        flag_rows[i] = (amsgrad, maximize, decoupled)
-        maxes.append(max_exp_avg_sqs[i] if amsgrad else _EMPTY[dtype])
+    if n and _one_setting((params, grads, exp_avgs, exp_avg_sqs), hparams, flags, dtype) \
+            and not flags[0][0]:
+        rows = {}                                 # no amsgrad: no max_exp_avg_sq to check
+        for i, h in enumerate(hparams):           # usually one or two settings (decay or not)
+            if h not in rows:
+                rows[h] = (len(rows), adam_row(op, h, i))
+        table = np.array([row for _, row in rows.values()], dtype=hp.dtype)
+        hp[:] = table[[rows[h][0] for h in hparams]]
+        flag_rows[:] = tuple(bool(f) for f in flags[0])
+        maxes = [_EMPTY[dtype]] * n
+    else:
+        maxes = []
+        for i, names, arrays, row, amsgrad, maximize, decoupled in adam_members(
+                op, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hparams, flags):
+            _check_group_arrays(op, names, arrays, dtype)
+            hp[i] = row
+            flag_rows[i] = (amsgrad, maximize, decoupled)
+            maxes.append(max_exp_avg_sqs[i] if amsgrad else _EMPTY[dtype])
     if n == 0:
         return
     chunks, pad = _padded_chunks(n, dtype)

@@ -3,7 +3,7 @@
 ``compile_plan`` traces ``build`` on the first inputs of a signature, runs
 the passes in order
 
-    trace -> fuse_elementwise -> fuse_add_to_output -> insert_boxing -> autograd
+    trace -> fuse_attention -> fuse_elementwise -> fuse_add_to_output -> insert_boxing -> autograd
           -> accumulate_slice_grads -> optimizer -> fuse_model_update
           -> constant_folding -> dead_code_elimination -> in_place -> plan_memory
 
@@ -195,7 +195,7 @@ def split_for_accumulation(inputs, n):
 def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
                  executor="actors", fuse_elementwise=True, fuse_add_to_output=False,
                  fuse_model_update=False, in_place=True, fuse_actor_chains=True, kernel_plan=True,
-                 cuda_graphs=True):
+                 cuda_graphs=True, fuse_attention=True):
     """Trace ``build`` and return the Plan for this input signature.  (The trace
     draws from private copies of the generators: it shifts no random stream.)"""
     graph = trace(build, split_for_accumulation(inputs, accumulation), state_names)
@@ -203,7 +203,9 @@ def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
         raise RuntimeError("the graph has an optimizer (add_optimizer) but build() never calls "
                            "loss.backward()")
     stages = [("trace", graph)]
-    for name, run in (("fuse_elementwise", passes.fuse_elementwise if fuse_elementwise
+    for name, run in (("fuse_attention", passes.fuse_attention if fuse_attention
+                       else _skipped("fuse_attention")),
+                      ("fuse_elementwise", passes.fuse_elementwise if fuse_elementwise
                        else _skipped("fuse_elementwise")),
                       ("fuse_add_to_output", passes.fuse_add_to_output if fuse_add_to_output
                        else _skipped("fuse_add_to_output")),

@@ -9,7 +9,8 @@ from ..autograd import no_grad
 from ..ops._util import kernel
 from ..ops.creation import tensor
 from ..tensor import Tensor
-from .optimizer import FlatParam, Optimizer, flat_grad, flat_state, scalar_value, zeros_state
+from .optimizer import (FlatParam, Optimizer, flat_grad, flat_state, next_step, scalar_value,
+                        zeros_state)
 
 __all__ = ["Adam", "AdamW"]
 
@@ -18,8 +19,8 @@ class Adam(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
                  amsgrad=False, *, foreach=None, maximize=False, capturable=False,
                  differentiable=False, fused=None, decoupled_weight_decay=False):
-        # foreach/fused/capturable are accepted for torch compatibility: the step
-        # is already one fused kernel per parameter, and there is no graph capture.
+        # foreach/fused/capturable are accepted for torch compatibility: step()
+        # already runs fused kernels, one call per dtype and device (multi-tensor).
         if differentiable:
             raise NotImplementedError(f"{type(self).__name__}: differentiable=True (autograd "
                                       f"through the optimizer step) is not supported")
@@ -50,14 +51,13 @@ class Adam(Optimizer):
     @no_grad()
     def step(self, closure=None):
         loss = self._run_closure(closure)
-        for group in self.param_groups:
-            for p in group["params"]:
-                self._update_param(group, p)
+        self._update_all()
         return loss
 
-    # One parameter's step (``step`` and graph mode's per-parameter update
-    # nodes) and many parameters' in one multi-tensor kernel (graph mode's
-    # allow_fuse_model_update_ops); both do the same arithmetic.
+    # One parameter's step (graph mode's per-parameter update nodes, with
+    # allow_fuse_model_update_ops(False)) and many parameters' in one
+    # multi-tensor kernel (``step``, and graph mode's fused update node); both
+    # do the same arithmetic.
     def _prepare(self, group, p):
         """Advance p's step count; (FlatParam, flat grad, exp_avg, exp_avg_sq,
         max_exp_avg_sq or None, hyperparameters, flags)."""
@@ -74,10 +74,8 @@ class Adam(Optimizer):
         step_t = state["step"]
         if not isinstance(step_t, Tensor):  # a plain number from an old checkpoint
             step_t = state["step"] = tensor(float(step_t), dtype=_dt.float32)
-        step_t._data[...] += 1
-        step_t._version[0] += 1
         beta1, beta2 = group["betas"]
-        hparams = (float(step_t._data), scalar_value(group["lr"]), beta1, beta2, group["eps"],
+        hparams = (next_step(step_t), scalar_value(group["lr"]), beta1, beta2, group["eps"],
                    group["weight_decay"])
         return (FlatParam(p), flat_grad(p), flat_state(state, "exp_avg"),
                 flat_state(state, "exp_avg_sq"),

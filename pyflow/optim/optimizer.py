@@ -127,6 +127,16 @@ class Optimizer:
     def step(self, closure=None):
         raise NotImplementedError(f"{type(self).__name__} must implement step(closure=None)")
 
+    def _update_all(self):
+        """Step every parameter that has a gradient, in multi-tensor kernels
+        (``_update_params``), one per compute dtype and device.  Each kernel
+        runs the single-parameter arithmetic per tensor, so this equals a loop
+        of ``_update_param`` bit for bit, with one Python pass and one kernel
+        call for the lot (a small GPT's 28 Adam updates: 650 -> 280 us)."""
+        pairs = [(g, p) for g in self.param_groups for p in g["params"] if p.grad is not None]
+        for batch in same_kind_batches(pairs):
+            self._update_params(batch)
+
     @staticmethod
     def _run_closure(closure):
         if closure is None:
@@ -241,6 +251,30 @@ class Optimizer:
 
 
 # ----------------------------------------------------------------- helpers for step()
+def next_step(step_t):
+    """Add one to a 0-dim step-count tensor in place; returns the new count.
+    (Through a Python float and ``fill``: numpy's in-place add on a 0-dim
+    array costs ~1.5 us, a tenth of a small parameter's whole update.  The
+    sum is exact, so float32 rounds it as an in-place float32 add would.)"""
+    count = float(step_t._data) + 1
+    step_t._data.fill(count)
+    step_t._version[0] += 1
+    return float(step_t._data)
+
+
+def update_key(p):
+    """What parameters of one multi-tensor update share: compute dtype and device."""
+    return (p.dtype.compute, str(p.device))
+
+
+def same_kind_batches(pairs):
+    """``(group, param)`` pairs split by ``update_key``, in first-seen order."""
+    out = {}
+    for g, p in pairs:
+        out.setdefault(update_key(p), []).append((g, p))
+    return list(out.values())
+
+
 def scalar_value(x):
     """A hyperparameter as a Python number (torch also allows a 1-element tensor lr)."""
     return x.item() if isinstance(x, Tensor) else x
@@ -299,6 +333,11 @@ class FlatParam:
 def flat_grad(param):
     """The gradient as a flat contiguous array in the param's compute dtype."""
     g = param.grad
+    a, d = g._data, param._data
+    if (a.dtype == d.dtype and a.shape == d.shape and a.flags.c_contiguous
+            and g._logical_shape == param._logical_shape
+            and param.dtype.storage is param.dtype.compute):
+        return a.reshape(-1)        # the common case, as the general path below would give it
     if tuple(g.shape) != tuple(param.shape):
         raise RuntimeError(f"optimizer: grad of shape {tuple(g.shape)} does not match its "
                            f"parameter of shape {tuple(param.shape)}")

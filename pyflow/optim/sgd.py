@@ -10,8 +10,8 @@ class SGD(Optimizer):
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0,
                  nesterov=False, *, maximize=False, foreach=None, differentiable=False,
                  fused=None):
-        # foreach/fused are accepted for torch compatibility: every step here is
-        # already one fused kernel per parameter.
+        # foreach/fused are accepted for torch compatibility: step() already runs
+        # fused kernels, one call per dtype and device (multi-tensor).
         if differentiable:
             raise NotImplementedError("SGD: differentiable=True (autograd through the "
                                       "optimizer step) is not supported")
@@ -35,14 +35,13 @@ class SGD(Optimizer):
     @no_grad()
     def step(self, closure=None):
         loss = self._run_closure(closure)
-        for group in self.param_groups:
-            for p in group["params"]:
-                self._update_param(group, p)
+        self._update_all()
         return loss
 
-    # One parameter's step (``step`` and graph mode's per-parameter update
-    # nodes) and many parameters' in one multi-tensor kernel (graph mode's
-    # allow_fuse_model_update_ops); both do the same arithmetic.
+    # One parameter's step (graph mode's per-parameter update nodes, with
+    # allow_fuse_model_update_ops(False)) and many parameters' in one
+    # multi-tensor kernel (``step``, and graph mode's fused update node); both
+    # do the same arithmetic.
     def _prepare(self, group, p):
         """(FlatParam, flat grad, momentum buffer or None, hyperparameters, flags)."""
         momentum = group["momentum"]

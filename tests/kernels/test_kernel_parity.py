@@ -13,6 +13,11 @@ import sys
 
 # Transfers between host and device exist only on the device side by nature.
 DEVICE_ONLY = {"to_device", "to_host"}
+# The fused attention kernels are the CPU's only (kernels/cpu/attention.py): the
+# op raises a clear error on other devices, and the graph pass and
+# scaled_dot_product_attention use it on the CPU alone; everywhere else the
+# matmul/softmax chain runs, whose kernels have their cuda twins.
+CPU_ONLY = {"attention_forward", "attention_backward"}
 
 SCRIPT = """
 import json
@@ -31,7 +36,8 @@ def missing_twins(ops):
     """One line per op whose kernel exists on one device only, saying where to add the other."""
     lines = []
     for have, lack in (("cpu", "cuda"), ("cuda", "cpu")):
-        for op in sorted(set(ops[have]) - set(ops[lack]) - DEVICE_ONLY):
+        for op in sorted(set(ops[have]) - set(ops[lack]) - DEVICE_ONLY
+                         - (CPU_ONLY if have == "cpu" else set())):
             module = ops[have][op]
             family = module.rsplit(".", 1)[1]
             how = "numba.cuda, docs/custom_op.md step 2" if lack == "cuda" else \

@@ -22,6 +22,7 @@ Update nodes have no data inputs: they read ``.grad``, which the ``set_grad``
 nodes wrote, and the lowering makes every ``update`` wait for all actors
 before it, so they run after the whole backward, in program order.
 """
+from ...optim.optimizer import same_kind_batches as _split_by_key, update_key as _group_key
 from ..ir import Node
 
 __all__ = ["add_update", "fuse_model_update", "ParamUpdate", "MultiTensorUpdate",
@@ -84,16 +85,6 @@ class SchedulerStep:
             self.optimizer._opt_called = True    # the optimizer did step (its nodes ran)
         self.scheduler.step()
 
-
-def _group_key(p):
-    return (p.dtype.compute, str(p.device))
-
-
-def _split_by_key(pairs):
-    out = {}
-    for g, p in pairs:
-        out.setdefault(_group_key(p), []).append((g, p))
-    return list(out.values())
 
 
 def add_update(graph, optimizers):
