@@ -76,13 +76,7 @@ def _attention_rule(args):
 
 def _check_fused(q, k, v, masked, scale, causal):
     op = "FusedAttention"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(t, name, op)
-        if t.ndim < 2:
-            raise RuntimeError(f"{op}(): {name} must be at least 2-D (..., T, E), got shape "
-                               f"{list(t.shape)}")
-        if not t.dtype.is_floating_point:
-            raise RuntimeError(f"{op}(): {name} must be floating point, got {t.dtype}")
+    _check_operands(op, (("q", q), ("k", k), ("v", v)), "(..., T, E)")
     if not (q.dtype is k.dtype is v.dtype):
         raise RuntimeError(f"{op}(): expected q, k and v to have the same dtype, got "
                            f"{q.dtype.name}, {k.dtype.name} and {v.dtype.name}")
@@ -200,15 +194,20 @@ def _repeat_heads(t, times):
     return t.reshape(*shape[:-3], shape[-3] * times, *shape[-2:])
 
 
-def _validate(query, key, value, attn_mask, dropout_p, is_causal):
-    op = "scaled_dot_product_attention"
-    for name, t in (("query", query), ("key", key), ("value", value)):
+def _check_operands(op, named, layout):
+    """Each (name, tensor) a floating point Tensor of at least 2 dims."""
+    for name, t in named:
         check_tensor(t, name, op)
         if t.ndim < 2:
-            raise RuntimeError(f"{op}(): {name} must be at least 2-D (..., L, E), got shape "
+            raise RuntimeError(f"{op}(): {name} must be at least 2-D {layout}, got shape "
                                f"{list(t.shape)}")
         if not t.dtype.is_floating_point:
             raise RuntimeError(f"{op}(): {name} must be floating point, got {t.dtype}")
+
+
+def _validate(query, key, value, attn_mask, dropout_p, is_causal):
+    op = "scaled_dot_product_attention"
+    _check_operands(op, (("query", query), ("key", key), ("value", value)), "(..., L, E)")
     if query.shape[-1] != key.shape[-1]:
         raise RuntimeError(f"{op}(): query and key must have the same embedding size (last "
                            f"dim), got {query.shape[-1]} and {key.shape[-1]}")
