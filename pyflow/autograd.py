@@ -321,6 +321,13 @@ def _attach(cls, ctx, args, out):
         ea = _input_edge(a) if isinstance(a, Tensor) and a.requires_grad else None
         edges = (ea,)
         ctx.needs_input_grad = _NEEDS[ea is not None][2]
+    elif n == 3:                    # linear (x, weight, bias), where (cond, a, b)
+        a, b, c = args
+        ea = _input_edge(a) if isinstance(a, Tensor) and a.requires_grad else None
+        eb = _input_edge(b) if isinstance(b, Tensor) and b.requires_grad else None
+        ec = _input_edge(c) if isinstance(c, Tensor) and c.requires_grad else None
+        edges = (ea, eb, ec)
+        ctx.needs_input_grad = (ea is not None, eb is not None, ec is not None)
     else:
         needs, edges = [], []
         for a in args:
@@ -342,13 +349,69 @@ def _attach(cls, ctx, args, out):
         for i, o in enumerate(out):
             if o.dtype.is_floating_point and not any(o is n for n in nondiff):
                 o.requires_grad, o.grad_fn, o._out_idx = True, node, i
-    else:
-        node.out_meta = ((out._data.shape, out.dtype, out.device),)
-        if out.dtype.category == 2 and not ctx.non_differentiable:
-            out.requires_grad, out.grad_fn = True, node
-    if ctx._saved:
-        _unlink_outputs(ctx, node, out)
+        if ctx._saved:
+            _unlink_outputs(ctx, node, out)
+        return out
+    node.out_meta = ((out._data.shape, out.dtype, out.device),)
+    if out.dtype.category == 2 and not ctx.non_differentiable:
+        out.requires_grad = True
+        out.grad_fn = node
+    saved = ctx._saved
+    if saved:
+        for t, _ in saved:          # only a forward that saved its output has work there
+            if t is out:
+                _unlink_outputs(ctx, node, out)
+                break
     return out
+
+
+# edges and needs_input_grad of a call whose first argument is the one input that
+# requires grad and whose n - 1 others are not tensors (view's shape, sum's dims)
+_PAD = tuple((None,) * k for k in range(8))
+_NEEDS_FIRST = tuple((True,) + (False,) * k for k in range(8))
+
+
+def record_unary(cls, ctx, x, out, nargs=1):
+    """``record(cls, ctx, (x, *others), out)`` for the ops' fast paths with one
+    input ``x``, that requires grad, and ``nargs - 1`` other arguments that are
+    not tensors; ``out`` is one tensor and ``ctx`` marks nothing non-differentiable.
+    The same node as ``record`` makes, without its loop over the arguments (most
+    of what recording a view or a reduction costs)."""
+    fn = x.grad_fn
+    if fn is not None:
+        edge = (fn, x._out_idx)
+    else:
+        acc = x._accumulator
+        if acc is None:
+            acc = x._accumulator = _new(AccumulateGrad)
+            acc._tensor = _wref(x)
+        edge = (acc, 0, x)
+    ctx.needs_input_grad = _NEEDS_FIRST[nargs - 1]
+    node = _new(Node)
+    node.hooks = None
+    node.fn = cls
+    node.ctx = ctx
+    node.edges = (edge,) + _PAD[nargs - 1]
+    node.out_meta = ((out._data.shape, out.dtype, out.device),)
+    if out.dtype.category == 2:
+        out.requires_grad = True
+        out.grad_fn = node
+        saved = ctx._saved
+        if saved:
+            if len(saved) == 1:
+                if saved[0][0] is out:      # relu, exp, softmax...: _unlink_outputs' work
+                    ctx._saved = ((_alias(out), saved[0][1]),)
+                    ctx._outputs = _FIRST_OUTPUT
+                    ctx._node = _wref(node)
+            else:
+                for t, _ in saved:
+                    if t is out:
+                        _unlink_outputs(ctx, node, out)
+                        break
+    return out
+
+
+_FIRST_OUTPUT = ((0, 0),)
 
 
 # needs_input_grad of one or two inputs, shared: _NEEDS[first][second], or
@@ -456,6 +519,12 @@ def _run_backward(outputs, grad_outputs, retain_graph, create_graph, inputs=None
                 raise RuntimeError(f"grad: input {i} does not require grad")
             targets[_key(e)] = i
     results = [None] * (len(inputs) if inputs is not None else 0)
+    # Arrays a new .grad must not share: the given gradients (their callers hold
+    # them) and, as they are stored, the gradients of other leaves.  One tensor
+    # can reach several leaves (add's backward hands g to both operands), and a
+    # .grad sharing another's storage would take the other's in-place
+    # accumulation too (PyTorch copies a gradient whose storage is held elsewhere).
+    held = None if create_graph else {id(g._data) for g in grad_outputs}
 
     mode = _mode                  # set_grad_enabled(create_graph), without its object
     prev = mode.enabled
@@ -470,30 +539,42 @@ def _run_backward(outputs, grad_outputs, retain_graph, create_graph, inputs=None
                     if node in targets:
                         results[targets[node]] = g
                     continue
-                _accumulate(node.tensor, g, create_graph)
+                _accumulate(node.tensor, g, create_graph, held)
                 continue
             n_out = len(node.out_meta)
             g = pending.pop(node, None)
             if n_out == 1:
                 if g is None:
                     continue
-                grads = [g]
+                if targets is not None and node in targets:
+                    results[targets[node]] = g
+                if node.hooks is None:      # the common case: Node.apply's work inline
+                    ctx = node.ctx
+                    if ctx._saved is None and ctx.needs_input_grad is None:
+                        node.apply((g,))    # (raises: backward through a freed graph)
+                    in_grads = node.fn.backward(ctx, g)
+                    if not isinstance(in_grads, tuple):
+                        in_grads = (in_grads,)
+                    grads = None
+                else:
+                    grads = [g]
             else:
                 grads = [g] + [pending.pop((node, i), None) for i in range(1, n_out)]
-            if targets is not None:
-                for i, g in enumerate(grads):
-                    key = node if i == 0 else (node, i)
-                    if key in targets and g is not None:
-                        results[targets[key]] = g
-            if n_out > 1 and all(g is None for g in grads):
-                continue
-            if node.hooks:  # hooks registered on non-leaf outputs (register_hook, retain_grad)
-                for i, hooks in node.hooks.items():
-                    for hook in hooks:
-                        if grads[i] is not None:
-                            r = hook(grads[i])
-                            grads[i] = grads[i] if r is None else r
-            in_grads = node.apply(grads)
+                if targets is not None:
+                    for i, g in enumerate(grads):
+                        key = node if i == 0 else (node, i)
+                        if key in targets and g is not None:
+                            results[targets[key]] = g
+                if all(g is None for g in grads):
+                    continue
+            if grads is not None:
+                if node.hooks:  # hooks on non-leaf outputs (register_hook, retain_grad)
+                    for i, hooks in node.hooks.items():
+                        for hook in hooks:
+                            if grads[i] is not None:
+                                r = hook(grads[i])
+                                grads[i] = grads[i] if r is None else r
+                in_grads = node.apply(grads)
             edges = node.edges
             if len(in_grads) < len(edges):
                 raise RuntimeError(f"{node.fn.__name__}.backward returned {len(in_grads)} "
@@ -505,13 +586,18 @@ def _run_backward(outputs, grad_outputs, retain_graph, create_graph, inputs=None
                 prev_g = pending.get(key)
                 pending[key] = g if prev_g is None else prev_g + g
             if not retain_graph:
-                node.release()
+                ctx = node.ctx              # (Node.release, inline)
+                ctx._saved = None
+                ctx.needs_input_grad = None
     finally:
         mode.enabled = prev
     return results
 
 
-def _accumulate(t, g, create_graph):
+def _accumulate(t, g, create_graph, held=None):
+    """Add gradient ``g`` into leaf ``t``'s ``.grad``.  A first gradient is kept
+    as it is unless its storage may be another tensor's: a view (its array has
+    a base), or an array in ``held`` (see _run_backward); it is added to ``held``."""
     if t._placement is not None:      # a global leaf: its gradient in its own SBP
         g = HOOKS.box_gradient(g, t)
     for hook in t._hooks or ():
@@ -527,9 +613,16 @@ def _accumulate(t, g, create_graph):
                            f"tensor of shape {tuple(t.shape)}")
     grad = t.grad
     if grad is None:
-        t.grad = g if create_graph else g.detach()
-        if not create_graph and g._data.base is not None:  # never alias another tensor
-            t.grad = g.detach().clone()
+        if create_graph:
+            t.grad = g
+            return
+        data = g._data
+        if data.base is not None or held is not None and id(data) in held:
+            t.grad = g.detach().clone()         # never alias another tensor
+        else:
+            t.grad = g.detach()
+            if held is not None:
+                held.add(id(data))
     elif create_graph:
         t.grad = grad + g
     elif not _add_into(grad, g):

@@ -372,9 +372,19 @@ class Tensor:
         if inputs is not None:        # autograd's functions (pyflow/_hooks.py)
             grads = HOOKS.grad(self, inputs, gradient, retain_graph, create_graph,
                                   allow_unused=True)
+            taken = set()             # one gradient can reach several inputs (a + b)
             for t, g in zip(inputs, grads):
-                if g is not None:
-                    t.grad = g if t.grad is None else t.grad + g
+                if g is None:
+                    continue
+                if t.grad is not None:
+                    t.grad = t.grad + g
+                elif create_graph:
+                    t.grad = g
+                elif id(g._data) in taken or g._data.base is not None or gradient is not None:
+                    t.grad = g.detach().clone()     # never share another tensor's storage
+                else:
+                    taken.add(id(g._data))
+                    t.grad = g.detach()
             return
         HOOKS.backward(self, gradient, retain_graph, create_graph)
 

@@ -187,3 +187,32 @@ def test_detach_shares_storage_and_version_but_keeps_no_graph_alive():
     alive = weakref.ref(y)
     del y                                   # the detached tensor keeps no reference to it
     assert alive() is None
+
+
+def test_one_gradient_reaching_two_leaves_is_not_shared_between_their_grads():
+    """add's backward hands the same gradient to both operands: stored as is in
+    both .grad, the second backward added into one array twice (a.grad and b.grad
+    came out 3c instead of 2c).  PyTorch copies a gradient held elsewhere."""
+    c = pf.tensor([5.0, 6.0])
+    for use_inputs in (False, True):
+        a = pf.tensor([1.0, 2.0], requires_grad=True)
+        b = pf.tensor([3.0, 4.0], requires_grad=True)
+        for _ in range(2):
+            ((a + b) * c).sum().backward(inputs=[a, b] if use_inputs else None)
+        assert_close(a.grad, [10.0, 12.0])
+        assert_close(b.grad, [10.0, 12.0])
+        assert not np.shares_memory(a.grad.numpy(), b.grad.numpy())
+
+
+def test_a_given_gradient_is_not_taken_as_a_leafs_grad():
+    """``y.backward(g)`` with y = a + b: a.grad must not be g's storage (an
+    in-place change of g, or the next accumulation into a.grad, would reach the
+    other)."""
+    a = pf.tensor([1.0, 2.0], requires_grad=True)
+    b = pf.tensor([3.0, 4.0], requires_grad=True)
+    g = pf.tensor([1.0, 1.0])
+    (a + b).backward(g)
+    assert not np.shares_memory(a.grad.numpy(), g.numpy())
+    assert not np.shares_memory(a.grad.numpy(), b.grad.numpy())
+    g.mul_(5.0)
+    assert_close(a.grad, [1.0, 1.0])

@@ -434,3 +434,148 @@ def test_a_missing_shape_is_a_type_error_even_for_a_0d_tensor(op):
     x = pf.tensor(3.0)
     with pytest.raises(TypeError, match=f"{op}\\(\\) missing 1 required positional argument"):
         getattr(x, op)()
+
+
+# ------------------------------------------------------------------ more fast paths (GPT's ops)
+@pytest.mark.parametrize("grad", ["none", "a", "b"])
+def test_matmul_of_two_stacks_with_the_same_batch_dims(applied, grad):
+    """Attention's per-head products: (b, h, n, k) @ (b, h, k, m), one of them a
+    strided view (heads split out of a fused projection)."""
+    a = _tensor((2, 3, 4, 5), requires_grad=grad == "a")
+    qkv = _tensor((2, 4, 3, 6), seed=1)
+    b = qkv.transpose(1, 2)[..., :2].mT.detach()   # (2, 3, 2, 4), strided: k along dim -1
+    b.requires_grad_(grad == "b")
+    assert not b.is_contiguous()
+    out = _check(lambda b, a: pf.matmul(b, a), b, a, applied=applied)
+    assert tuple(out.shape) == (2, 3, 2, 5)
+    # batch dims that broadcast, or a stack @ a matrix (folded): the general path
+    _check(pf.matmul, _tensor((1, 3, 4, 5)), _tensor((2, 3, 5, 2), seed=2), fast=False,
+           applied=applied)
+    _check(pf.matmul, _tensor((2, 3, 4, 5)), _tensor((5, 2), seed=2), fast=False, applied=applied)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        pf.matmul(_tensor((2, 3, 4, 5)), _tensor((2, 3, 4, 5)))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_view_and_reshape_of_a_strided_input(applied, grad):
+    """q of a split qkv is strided; viewing its last dim as (heads, size) needs no
+    copy, so view and reshape take the fast path and share storage; a layout no
+    view can give raises view's error, and reshape copies (recorded as Clone +
+    View when it records, one new array otherwise)."""
+    qkv = _tensor((2, 3, 12))
+    q = qkv[..., 4:8].detach().requires_grad_(grad)     # strided, a leaf
+    assert not q.is_contiguous()
+    for fn in (lambda x: x.view(2, 3, 2, 2), lambda x: x.reshape(6, 4),
+               lambda x: x.view(-1, 4)):
+        out = _check(fn, q, fast=True, applied=applied)
+        assert out._base is q and out._version is q._version
+        assert np.shares_memory(out.numpy(force=True), qkv.numpy())
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        q.view(24)
+    out = _check(lambda x: x.reshape(24), q, fast=not grad, applied=applied)
+    assert not np.shares_memory(out.numpy(force=True), qkv.numpy())
+    if not grad:
+        assert out._base is None and out._version is not q._version
+
+
+def test_a_strided_gradient_through_a_view_is_copied_where_nothing_records():
+    """The backward of ``x.view(...)`` reshapes a transposed gradient: a copy,
+    made directly when nothing records the backward."""
+    x = _tensor((4, 6), requires_grad=True)
+    y = x.view(4, 2, 3).transpose(0, 2)            # (3, 2, 4)
+    g = _tensor((3, 2, 4), seed=3)
+    (gx,) = pf.autograd.grad(y, [x], g)
+    np.testing.assert_array_equal(gx.numpy(), g.numpy().transpose(2, 1, 0).reshape(4, 6))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_contiguous_and_clone(applied, grad):
+    x = _tensor((3, 4)).t().detach().requires_grad_(grad)     # strided, a leaf
+    out = _check(lambda x: x.contiguous(), x, applied=applied)
+    assert out.is_contiguous() and not np.shares_memory(out.numpy(force=True),
+                                                        x.numpy(force=True))
+    _check(pf.clone, x, applied=applied)
+
+
+@pytest.mark.parametrize("affine", ["none", "weight", "both"])
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("shape", [(6,), (2, 3, 6)])
+def test_layer_norm(applied, affine, grad, shape):
+    x = _tensor(shape, requires_grad=grad)
+    w = None if affine == "none" else _tensor((6,), seed=1, requires_grad=grad)
+    b = _tensor((6,), seed=2, requires_grad=grad) if affine == "both" else None
+    for ns in (6, (6,), [6]):
+        _check(lambda x: pf.nn.functional.layer_norm(x, ns, w, b), x, applied=applied)
+
+
+def test_layer_norm_just_outside(applied):
+    x = _tensor((2, 3, 6), requires_grad=True)
+    w = _tensor((3, 6), seed=1, requires_grad=True)
+    ln = pf.nn.functional.layer_norm
+    _check(lambda x: ln(x, (3, 6), w), x, fast=False, applied=applied)     # two dims
+    _check(lambda x: ln(x, 6, eps=np.float64(1e-3)), x, fast=False, applied=applied)
+    _check(lambda x: ln(x, 6, w[0].to(pf.float64)), x, fast=False, applied=applied)
+    with pytest.raises(RuntimeError, match="expected input with shape"):
+        ln(x, 5)
+    with pytest.raises(RuntimeError, match="expected weight of shape"):
+        ln(x, 6, _tensor((5,)))
+    with pytest.raises(RuntimeError, match="floating point"):
+        ln(_tensor((2, 6), np.int64), 6)
+
+
+@pytest.mark.parametrize("fn", [pf.softmax, pf.log_softmax])
+@pytest.mark.parametrize("dim", [-1, 0, 1])
+@pytest.mark.parametrize("grad", [False, True])
+def test_softmax_and_log_softmax(applied, fn, dim, grad):
+    x = _tensor((3, 5), requires_grad=grad)
+    _check(lambda x: fn(x, dim), x, applied=applied)
+
+
+def test_softmax_just_outside(applied):
+    x = _tensor((3, 5), requires_grad=True)
+    _check(lambda x: pf.softmax(x, 1, dtype=pf.float64), x, fast=False, applied=applied)
+    _check(lambda x: pf.softmax(x, np.int64(1)), x, fast=False, applied=applied)
+    with pytest.raises(IndexError, match="out of range"):
+        pf.softmax(x, 2)
+    with pytest.raises(RuntimeError, match="floating point"):
+        pf.softmax(_tensor((3,), np.int64), 0)
+
+
+@pytest.mark.parametrize("value", [float("-inf"), 2.5, 3])
+@pytest.mark.parametrize("grad", [False, True])
+def test_masked_fill_and_where(applied, value, grad):
+    x = _tensor((2, 3, 4), requires_grad=grad)
+    mask = _tensor((1, 3, 4), bool, seed=4)
+    _check(lambda x: x.masked_fill(mask, value), x, applied=applied)
+    y = _tensor((3, 1), seed=5, requires_grad=grad)
+    _check(lambda x, y: pf.where(mask, x, y), x, y, applied=applied)
+    _check(lambda x: pf.where(mask, value, x), x, applied=applied)
+
+
+def test_masked_fill_and_where_just_outside(applied):
+    x = _tensor((2, 3), requires_grad=True)
+    mask = _tensor((2, 3), bool, seed=4)
+    _check(lambda x: x.masked_fill(mask, pf.tensor(1.5)), x, fast=False, applied=applied)
+    _check(lambda x: pf.where(mask, x, x.to(pf.float64)), x, fast=False, applied=applied)
+    i = _tensor((2, 3), np.int64)
+    out = _check(lambda i: i.masked_fill(mask, 2.7), i, fast=False, applied=applied)
+    assert out.dtype is pf.int64                        # truncated, as in PyTorch
+    with pytest.raises(TypeError, match="mask must be a bool Tensor"):
+        x.masked_fill(mask.to(pf.float32), 0.0)
+    with pytest.raises(RuntimeError, match="not broadcastable"):
+        x.masked_fill(_tensor((4,), bool), 0.0)
+    with pytest.raises(TypeError, match="condition must be a bool Tensor"):
+        pf.where(x, x, 0.0)
+
+
+def test_softmax_output_saved_without_a_reference_cycle():
+    gc.disable()
+    try:
+        x = _tensor((8, 8), requires_grad=True)
+        for op in (lambda t: pf.softmax(t, -1), lambda t: pf.log_softmax(t, 0)):
+            y = op(x)
+            dead, node = weakref.ref(y), weakref.ref(y.grad_fn)
+            del y
+            assert dead() is None and node() is None
+    finally:
+        gc.enable()

@@ -273,6 +273,13 @@ def _eligible(a, b):
     return _layout(a) is not None and _layout(b) is not None
 
 
+def _batch_shape(a, b):
+    """The broadcast batch dims of ``a @ b``; equal ones (the usual case, e.g.
+    attention's heads) without np.broadcast_shapes, which costs ~10 us."""
+    sa, sb = a.shape[:-2], b.shape[:-2]
+    return sa if sa == sb else np.broadcast_shapes(sa, sb)
+
+
 def _above(route, a, b):
     """True when an eligible ``a @ b`` is big enough for MKL by ``route``."""
     if route.mkl is None:
@@ -280,7 +287,7 @@ def _above(route, a, b):
     flops = 2 * a.shape[-2] * a.shape[-1] * b.shape[-1]
     stack = 1
     if a.ndim > 2 or b.ndim > 2:
-        stack = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])))
+        stack = math.prod(_batch_shape(a, b))
     if stack > 1:
         return route.min_stack_flops is not None and flops * stack >= route.min_stack_flops
     return route.min_flops is not None and flops >= route.min_flops
@@ -329,7 +336,7 @@ def _mkl_product(lib):
     """``f(a, b, out)``: an eligible product into a C-contiguous ``out``, in MKL
     whatever its size (what the measurement times)."""
     def product(a, b, out):
-        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        batch = _batch_shape(a, b)
         if batch:
             _gemm_batch(lib, a, b, out, batch)
         else:
@@ -341,7 +348,7 @@ def matmul(a, b, out=None):
     """``np.matmul(a, b, out=out)`` computed by MKL where it is routed (see the
     module doc), by NumPy otherwise.  ``out``, when given, must be C-contiguous."""
     if out is not None and a.ndim >= 2 and b.ndim >= 2:
-        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        shape = _batch_shape(a, b) + (a.shape[-2], b.shape[-1])
         if out.shape != shape or out.dtype != np.result_type(a, b):
             raise ValueError(f"matmul: out has shape {out.shape} and dtype {out.dtype}; "
                              f"expected {shape} and {np.result_type(a, b)}")
@@ -349,12 +356,12 @@ def matmul(a, b, out=None):
             not _above(_routing(), a, b):
         return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
     lib = _route.mkl
-    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    batch = _batch_shape(a, b)
     if out is None:
         out = np.empty(batch + (a.shape[-2], b.shape[-1]), a.dtype)
     if not batch:
         _gemm(lib, a, b, out)
-    elif int(np.prod(batch)) > _INT_MAX:
+    elif math.prod(batch) > _INT_MAX:
         np.matmul(a, b, out=out)
     elif out.size:
         _gemm_batch(lib, a, b, out, batch)

@@ -15,6 +15,7 @@ threads, each running single-threaded BLAS (threadpoolctl sets OpenBLAS to one
 thread for the duration; measured 2.4 ms -> 0.7 ms for 64 x (128x64 @ 64x128)).
 MKL needs no such help: its batched GEMM takes the whole stack in one call.
 """
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -83,9 +84,9 @@ def matmul(a, b, out=None):
     """(..., n, k) @ (..., k, m) with NumPy's batch broadcasting; 1-D x 1-D is a dot.
     ``out``: a C-contiguous array of the result's shape and dtype to write into
     (a compiled graph's pre-allocated buffer)."""
-    if not _blas_ready(a):
+    if not (a.flags.c_contiguous or _blas_ready(a)):      # the flag first: ~0.5 us less
         a = np.ascontiguousarray(a)
-    if not _blas_ready(b):
+    if not (b.flags.c_contiguous or _blas_ready(b)):
         b = np.ascontiguousarray(b)
     if out is None and a.ndim == 2 and b.ndim == 2 and \
             2 * a.shape[0] * a.shape[1] * b.shape[1] < blas.mkl_min_flops():
@@ -97,7 +98,7 @@ def matmul(a, b, out=None):
     if (not blas.uses_mkl(a, b) and _WORKERS > 1 and a.ndim >= 3
             and a.shape[:-2] == b.shape[:-2]
             and 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] < SMALL_GEMM_FLOPS
-            and int(np.prod(a.shape[:-2])) >= 2 * _WORKERS
+            and math.prod(a.shape[:-2]) >= 2 * _WORKERS
             and 2 * a.size * b.shape[-1] >= STACK_SPLIT_MIN_FLOPS
             and (out is None or out.flags.c_contiguous)):
         return _batched_small(a, b, out)

@@ -10,10 +10,22 @@ from .. import dtypes as _dt
 from ..device import CPU, backend_of_array
 from ..distributed.sbp import broadcast
 from ..kernels import registry
-from ..tensor import TENSOR_TYPES, Tensor
+from ..tensor import TENSOR_TYPES, Tensor, host_tensor
 
 kernel = registry.get
 _trace = _hooks._state          # .tracer: the calling thread's graph tracer, or None
+trace_state = _trace
+
+# op name -> its CPU kernel, for the ops' fast paths: ``CPU_KERNELS.get(name) or
+# cpu_kernel(name)`` is one dict read where ``kernel(name, "cpu")`` is a call
+# (the CPU kernels load on first use, not when pyflow is imported).
+CPU_KERNELS = {}
+
+
+def cpu_kernel(name):
+    """Op ``name``'s CPU kernel, from the registry, kept in ``CPU_KERNELS``."""
+    k = CPU_KERNELS[name] = kernel(name, "cpu")
+    return k
 
 
 def local(t):
@@ -38,6 +50,8 @@ def wrap(arr, dtype, device=CPU):
             arr = kernel("cast", "cpu")(arr, _dt.float32, dtype)
         else:
             arr = arr.astype(dtype.storage)
+    if type(arr) is np.ndarray and device is CPU and _trace.tracer is None:
+        return host_tensor(arr, dtype, device)      # (_make's work, without its checks)
     return Tensor._make(arr, dtype, device)
 
 

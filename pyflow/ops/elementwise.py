@@ -12,14 +12,16 @@ import numpy as np
 
 from .. import _hooks
 from .. import dtypes as _dt
-from ..autograd import GRAD_MODE, Context, Function, is_grad_enabled, record
+from ..autograd import (GRAD_MODE, Context, Function, is_grad_enabled, record,
+                        record_unary)
 from ..kernels import scalar as _scalar
 from ..tensor import Tensor
 from ._method import tensor_method
 from ..tensor import TENSOR_TYPES as _TENSOR_TYPES
 from ..tensor import host_tensor
-from ._util import (array_module, broadcast_shapes, check_scalar_fits, compute_array, kernel,
-                    scalar_of, unbroadcast, wrap)
+from ._util import (CPU_KERNELS, array_module, broadcast_shapes, check_scalar_fits,
+                    compute_array, cpu_kernel, kernel, scalar_of, unbroadcast,
+                    wrap)
 from .creation import zeros_like
 from .index import nonzero
 from .inplace import _inplace
@@ -261,10 +263,15 @@ class Sub(Function):
 
 
 def _save_operands(ctx, a, b):
-    """Save the tensor operands (a Python number is kept in ``ctx.scalars``)."""
-    ctx.save_for_backward(a if isinstance(a, Tensor) else None,
-                          b if isinstance(b, Tensor) else None)
+    """Save the tensor operands (a Python number is kept in ``ctx.scalars``):
+    ``ctx.save_for_backward(a or None, b or None)``, written out (every recorded
+    mul and div runs it)."""
+    ctx._saved = ((a, a._version[0]) if isinstance(a, Tensor) else _NOT_SAVED,
+                  (b, b._version[0]) if isinstance(b, Tensor) else _NOT_SAVED)
     ctx.scalars = (a, b)
+
+
+_NOT_SAVED = (None, 0)              # save_for_backward's entry for None
 
 
 class Mul(Function):
@@ -389,15 +396,8 @@ class Remainder(Function):
 # the forward fills.  ``local`` (_util) says when that is allowed; each helper
 # returns None whenever its own conditions do not hold, and the op takes the
 # general path (``Function.apply``), which also explains bad input.
-_CPU = {}                       # op name -> its CPU kernel (a registry call saved)
 _trace = _hooks._state          # .tracer: this thread's graph tracer, or None
-
-
-def _cpu_kernel(name):
-    """Op ``name``'s CPU kernel, from the registry on the first call (the CPU
-    kernels load on first use, not when pyflow is imported)."""
-    k = _CPU[name] = kernel(name, "cpu")
-    return k
+_CPU, _cpu_kernel = CPU_KERNELS, cpu_kernel
 
 
 # name -> (Function, what its forward keeps in ctx, the dtype categories it takes
@@ -465,8 +465,9 @@ def _direct_unary(fn, x):
     out = host_tensor(res, dtype, x.device)
     if x.requires_grad and GRAD_MODE.enabled:
         ctx = Context()
-        ctx.save_for_backward(x if fn.save == "x" else out)
-        record(fn, ctx, (x,), out)
+        saved = x if fn.save == "x" else out
+        ctx._saved = ((saved, saved._version[0]),)      # ctx.save_for_backward(saved)
+        record_unary(fn, ctx, x, out)
     return out
 
 
@@ -828,8 +829,56 @@ class Where(Function):
         a, b = ctx.inputs
         zero = 0.0
         return (None,
-                _grad_for(Where.apply(ctx.cond, g, zero), a) if _needs(ctx, 1) else None,
-                _grad_for(Where.apply(ctx.cond, zero, g), b) if _needs(ctx, 2) else None)
+                _grad_for(_where(ctx.cond, g, zero), a) if _needs(ctx, 1) else None,
+                _grad_for(_where(ctx.cond, zero, g), b) if _needs(ctx, 2) else None)
+
+
+def _where(cond, a, b):
+    """``Where.apply(cond, a, b)``, direct when it can be."""
+    out = _direct_where(cond, a, b)
+    return out if out is not None else Where.apply(cond, a, b)
+
+
+def _direct_where(cond, a, b):
+    """``Where``'s forward run directly and recorded as ``Where.apply`` records
+    it, for a local bool ``cond`` and operands that are local float tensors of one
+    dtype or Python numbers (at least one a tensor): the dtype ``Where`` gives then
+    is that tensor dtype.  None otherwise, or when the shapes do not broadcast
+    (the general path explains)."""
+    if type(cond) not in _TENSOR_TYPES or cond.dtype is not _dt.bool \
+            or cond._placement is not None or type(cond._data) is not np.ndarray \
+            or _trace.tracer is not None:
+        return None
+    t = a if type(a) in _TENSOR_TYPES else b
+    if type(t) not in _TENSOR_TYPES:
+        return None
+    dtype = t.dtype
+    if dtype.category != 2 or dtype.storage is not dtype.compute:
+        return None
+    args = []
+    grad = False
+    for x in (a, b):
+        if type(x) in _TENSOR_TYPES:
+            if x.dtype is not dtype or x._placement is not None \
+                    or type(x._data) is not np.ndarray:
+                return None
+            args.append(x._data)
+            grad = grad or x.requires_grad
+        elif type(x) is float or type(x) is int:
+            args.append(dtype.compute.type(x))
+        else:
+            return None
+    try:
+        res = (_CPU.get("where") or _cpu_kernel("where"))(cond._data, args[0], args[1])
+    except ValueError:                  # shapes that do not broadcast
+        return None
+    out = host_tensor(res if type(res) is np.ndarray else np.asarray(res), dtype, t.device)
+    if grad and GRAD_MODE.enabled:
+        ctx = Context()
+        ctx.cond = cond
+        ctx.inputs = (a, b)
+        record(Where, ctx, (cond, a, b), out)
+    return out
 
 
 @tensor_method("where")
@@ -839,13 +888,18 @@ def where(condition, input=None, other=None):
     if not isinstance(condition, Tensor) or condition.dtype is not _dt.bool:
         raise TypeError(f"where(): condition must be a bool Tensor, got "
                         f"{getattr(condition, 'dtype', type(condition).__name__)}")
-    return Where.apply(condition, input, other)
+    return _where(condition, input, other)
 
 
 @tensor_method()
 def masked_fill(input, mask, value):
     """``input`` with ``value`` where ``mask`` is True; like PyTorch's out-of-place form
     the result has the broadcast shape of both (``masked_fill_`` keeps input's)."""
+    if (type(value) is float or type(value) is int) and type(input) in _TENSOR_TYPES \
+            and input.dtype.category == 2:  # a float tensor and a number: Where's own dtype
+        out = _direct_where(mask, value, input)
+        if out is not None:
+            return out
     _check_is_tensor(input, "masked_fill")
     if not isinstance(mask, Tensor) or mask.dtype is not _dt.bool:
         raise TypeError(f"masked_fill(): mask must be a bool Tensor, got "

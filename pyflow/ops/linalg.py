@@ -14,13 +14,19 @@ own dtype.
 """
 import math
 
+import numpy as np
+
 from .. import dtypes as _dt
 from ..autograd import GRAD_MODE, Context, Function, is_grad_enabled, record
 from ..tensor import Tensor
 from ._method import tensor_method
 from ..tensor import host_tensor
-from ._util import (broadcast_shapes, check_tensor, compute_array, kernel, local, unbroadcast,
-                    wrap)
+
+_new = object.__new__
+from ._util import (CPU_KERNELS as _CPU, broadcast_shapes, check_tensor, compute_array,
+                    cpu_kernel as _cpu_kernel, kernel, local, trace_state as _trace,
+                    unbroadcast, wrap)
+from ..tensor import TENSOR_TYPES
 from .elementwise import add, mul
 from .reduce import sum as _sum
 from .shape import reshape, squeeze, unsqueeze
@@ -91,32 +97,38 @@ def _cannot_multiply(op, a, b, why):
                         f"multiplied ({why})")
 
 
-def _direct_matmul(input, other):
-    """``Matmul``'s forward run directly (``local`` operands, see _util) and
-    recorded as ``Matmul.apply`` records it, for the plain case: two matrices of
-    one numeric dtype whose sizes agree.  None otherwise: the general path
-    handles (and checks) everything else."""
-    a, b = input._data, other._data
-    dtype = input.dtype
-    if other.dtype is not dtype or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] \
-            or dtype.category == 0 or dtype.storage is not dtype.compute:
-        return None
-    out = host_tensor(kernel("matmul", "cpu")(a, b), dtype, input.device)
-    if (input.requires_grad or other.requires_grad) and GRAD_MODE.enabled:
-        ctx = Context()
-        ctx.save_for_backward(input, other)
-        record(Matmul, ctx, (input, other), out)
-    return out
-
-
 @tensor_method("matmul", "__matmul__")
 def matmul(input, other):
     """torch.matmul: dot, matrix-vector, vector-matrix, matrix and batched
     products, with the batch dims broadcast."""
-    if local(input) and local(other):
-        out = _direct_matmul(input, other)
-        if out is not None:
-            return out
+    # Fast path: ``Matmul``'s forward run here and recorded as ``Matmul.apply``
+    # records it, for local operands (see _util, ``local``) in the plain cases:
+    # two matrices, or two stacks of matrices with the same batch dims
+    # (attention's per-head products), of one numeric dtype whose sizes agree.
+    # Everything else takes the general path below, which also checks.
+    if type(input) in TENSOR_TYPES and type(other) in TENSOR_TYPES:
+        a, b = input._data, other._data
+        dtype = input.dtype
+        if type(a) is np.ndarray and type(b) is np.ndarray and other.dtype is dtype \
+                and dtype.category and dtype.storage is dtype.compute \
+                and input._placement is None and other._placement is None \
+                and _trace.tracer is None:
+            sa, sb = a.shape, b.shape
+            nd = len(sa)
+            if nd == len(sb) and nd >= 2 and sa[-1] == sb[-2] and (nd == 2 or sa[:-2] == sb[:-2]):
+                t = _new(Tensor)        # host_tensor(the product, dtype, device), inline
+                t._data = (_CPU.get("matmul") or _cpu_kernel("matmul"))(a, b)
+                t.dtype = dtype
+                t.device = input.device
+                t.requires_grad = False
+                t.grad = t.grad_fn = t._accumulator = t._hooks = t._base = None
+                t._out_idx = 0
+                t._version = [0]
+                if (input.requires_grad or other.requires_grad) and GRAD_MODE.enabled:
+                    ctx = Context()         # save_for_backward(input, other), inline
+                    ctx._saved = ((input, input._version[0]), (other, other._version[0]))
+                    record(Matmul, ctx, (input, other), t)
+                return t
     check_tensor(input, "input", "matmul")
     check_tensor(other, "other", "matmul")
     _check_device(input, other, "matmul")
@@ -248,6 +260,9 @@ class Linear(Function):
     @staticmethod
     def backward(ctx, g):
         x, w, x2 = ctx.saved_tensors
+        if not GRAD_MODE.enabled and local(g) and local(x) and local(w) \
+                and g.dtype is x.dtype is w.dtype and x.dtype.storage is x.dtype.compute:
+            return _linear_grads(ctx, g, x, w, x2)
         if x2 is None or is_grad_enabled():    # (a double backward follows x's graph)
             x2 = x if x.ndim == 2 else reshape(x, (_prod(ctx.in_shape[:-1]), x.shape[-1]))
         g2 = reshape(g, (-1, w.shape[0]))
@@ -261,6 +276,37 @@ class Linear(Function):
             gb = _sum(g2, 0)
             gb = gb if gb.dtype is ctx.bias_dtype else gb.to(ctx.bias_dtype)
         return gx, gw, gb
+
+
+def _linear_grads(ctx, g, x, w, x2):
+    """``Linear.backward`` by kernel calls, where nothing records (the usual
+    ``loss.backward()``) and g, x and w are local host tensors of one dtype: the
+    products and the sum the ops below would run, on the arrays, without an op's
+    dispatch around each."""
+    dtype, device = x.dtype, x.device
+    out_f = w._data.shape[0]
+    gd = g._data
+    g2 = gd if gd.ndim == 2 else gd.reshape(_prod(gd.shape[:-1]), out_f)
+    needs = ctx.needs_input_grad
+    gx = gw = gb = None
+    mm = _CPU.get("matmul") or _cpu_kernel("matmul")
+    if needs[0]:
+        gx = mm(g2, w._data)
+        gx = host_tensor(gx if gd.ndim == 2 else gx.reshape(ctx.in_shape), dtype, device)
+    if needs[1]:
+        xd = x._data if x2 is None else x2._data    # (x2: forward's copy of x's rows)
+        if xd.ndim != 2:
+            xd = xd.reshape(_prod(xd.shape[:-1]), xd.shape[-1])
+        gw = host_tensor(mm(g2.T, xd), dtype, device)
+    if ctx.has_bias and needs[2]:
+        gb = (_CPU.get("sum") or _cpu_kernel("sum"))(g2, _ROWS, False, dtype.compute)
+        gb = host_tensor(gb, dtype, device)
+        if gb.dtype is not ctx.bias_dtype:
+            gb = gb.to(ctx.bias_dtype)
+    return gx, gw, gb
+
+
+_ROWS = (0,)
 
 
 def _direct_linear(input, weight, bias):
@@ -281,7 +327,7 @@ def _direct_linear(input, weight, bias):
         grad = grad or bias.requires_grad
     lead = x.shape[:-1]
     x2 = x if x.ndim == 2 else x.reshape(_prod(lead), x.shape[-1])     # the rows: a view
-    out = kernel("linear", "cpu")(x2, w, None if bias is None else bias._data)
+    out = (_CPU.get("linear") or _cpu_kernel("linear"))(x2, w, None if bias is None else bias._data)
     out = host_tensor(out if x.ndim == 2 else out.reshape(lead + (w.shape[0],)), dtype,
                       input.device)
     if grad and GRAD_MODE.enabled:

@@ -17,9 +17,10 @@ import numbers
 import numpy as np
 
 from .. import dtypes as _dt
-from ..autograd import Function, is_grad_enabled, no_grad
-from ..tensor import Tensor
-from ._util import array_module, check_tensor, compute_array, kernel, wrap
+from ..autograd import GRAD_MODE, Context, Function, is_grad_enabled, no_grad, record
+from ..tensor import Tensor, host_tensor
+from ._util import (CPU_KERNELS, array_module, check_tensor, compute_array, cpu_kernel, kernel,
+                    local, wrap)
 from ._util import replicated
 from ..distributed.signatures import layer_norm_rule
 
@@ -68,7 +69,10 @@ class LayerNorm(Function):
                 ctx.mean, ctx.rstd, _maybe(w, dt))
             nshape = x.shape[x.ndim - ctx.k:]
             dx = wrap(dx.reshape(x.shape), dt, x.device)
-            dw, db = wrap(dw.reshape(nshape), dt, x.device), wrap(db.reshape(nshape), dt, x.device)
+            # (no reshape when dw, db have their shape: a reshaped array is a view, and
+            # a view as a parameter's first gradient is copied (autograd._accumulate))
+            dw = wrap(dw if dw.shape == nshape else dw.reshape(nshape), dt, x.device)
+            db = wrap(db if db.shape == nshape else db.reshape(nshape), dt, x.device)
         return (dx,
                 _grad_as(dw, w) if w is not None and ctx.needs_input_grad[1] else None,
                 _grad_as(db, w) if ctx.has_bias and ctx.needs_input_grad[2] else None,
@@ -90,8 +94,51 @@ def _layer_norm_grads(g, x, w, k, eps):
     return dx, dw, db
 
 
+def _direct_layer_norm(input, normalized_shape, weight, bias, eps):
+    """``LayerNorm``'s forward run directly and recorded as ``LayerNorm.apply``
+    records it, for the usual call: a local float tensor normalized over its last
+    dim (``normalized_shape`` an int or a one-int tuple or list), weight and bias
+    None or local tensors of its dtype and of that size, a float eps.  None for
+    anything else: the general path checks and explains."""
+    if not local(input) or type(eps) is not float:
+        return None
+    data = input._data
+    dtype = input.dtype
+    if dtype.category != 2 or dtype.storage is not dtype.compute or data.ndim == 0:
+        return None
+    n = data.shape[-1]
+    tn = type(normalized_shape)
+    if tn is tuple or tn is list:
+        if len(normalized_shape) != 1 or normalized_shape[0] != n \
+                or type(normalized_shape[0]) is not int:
+            return None
+    elif tn is not int or normalized_shape != n:
+        return None
+    size = (n,)
+    for t in (weight, bias):
+        if t is not None and (not local(t) or t.dtype is not dtype or t._data.shape != size):
+            return None
+    rows = data.size // n if n else math.prod(data.shape[:-1])
+    out, mean, rstd = (CPU_KERNELS.get("layer_norm") or cpu_kernel("layer_norm"))(
+        data.reshape(rows, n), None if weight is None else weight._data,
+        None if bias is None else bias._data, eps)
+    y = host_tensor(out.reshape(data.shape), dtype, input.device)
+    if GRAD_MODE.enabled and (input.requires_grad or weight is not None and weight.requires_grad
+                              or bias is not None and bias.requires_grad):
+        ctx = Context()
+        ctx.k, ctx.eps = 1, eps
+        ctx.mean, ctx.rstd = mean, rstd
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(input, weight)
+        record(LayerNorm, ctx, (input, weight, bias, size, eps), y)
+    return y
+
+
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Normalize over the last ``len(normalized_shape)`` dims, then scale and shift."""
+    out = _direct_layer_norm(input, normalized_shape, weight, bias, eps)
+    if out is not None:
+        return out
     check_tensor(input, "input", "layer_norm")
     if isinstance(normalized_shape, (int, np.integer)):
         normalized_shape = (int(normalized_shape),)

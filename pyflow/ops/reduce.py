@@ -21,17 +21,19 @@ from collections import namedtuple
 import numpy as np
 
 from .. import dtypes as _dt
-from ..autograd import GRAD_MODE, Context, Function, record
-from ..tensor import Tensor
+from ..autograd import GRAD_MODE, Context, Function, record_unary
+from ..tensor import TENSOR_TYPES, Tensor
 from ._method import tensor_method
-from ..tensor import host_tensor
-from ._util import (array_module, as_array, check_tensor, compute_array, kernel, normalize_dims,
-                    local, wrap)
+from ._util import (CPU_KERNELS as _CPU, array_module, as_array, check_tensor, compute_array,
+                    cpu_kernel as _cpu_kernel, kernel, normalize_dims,
+                    trace_state as _trace, wrap)
 from .shape import expand, reshape
 from . import elementwise
 from .elementwise import abs, div, eq, exp, logical_and, mul, pow, sign, sub, where
 from .creation import arange
 from ..distributed.signatures import reduce_rule
+
+_new = object.__new__
 
 __all__ = ["sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "var",
            "std", "norm", "logsumexp", "cumsum", "all", "any"]
@@ -146,7 +148,7 @@ class Sum(Function):
         return (g if g.dtype is ctx.in_dtype else g.to(ctx.in_dtype)), None, None, None
 
 
-_ALL_DIMS = {}                  # ndim -> (0, ..., ndim - 1)
+_ALL_DIMS = tuple(tuple(range(n)) for n in range(65))    # ndim -> (0, ..., ndim - 1)
 
 
 def _direct_sum(x, dim, keepdim):
@@ -160,29 +162,34 @@ def _direct_sum(x, dim, keepdim):
     if n == 0 or dtype.storage is not dtype.compute:
         return None
     if dim is None:
-        dims = _ALL_DIMS.get(n)
-        if dims is None:
-            dims = _ALL_DIMS[n] = tuple(range(n))
+        dims = _ALL_DIMS[n]
     elif type(dim) is int and -n <= dim < n:
         dims = (dim % n,)
     else:
         return None
     out = _dt.int64 if dtype.category < 2 else dtype
-    res = kernel("sum", "cpu")(data, dims, keepdim, out.compute)
-    if type(res) is not np.ndarray:
-        res = np.asarray(res)
-    res = host_tensor(res, out, x.device)
+    res = (_CPU.get("sum") or _cpu_kernel("sum"))(data, dims, keepdim, out.compute)
+    t = _new(Tensor)                    # host_tensor(res, out, x.device), inline
+    t._data = res if type(res) is np.ndarray else np.asarray(res)
+    t.dtype = out
+    t.device = x.device
+    t.requires_grad = False
+    t.grad = t.grad_fn = t._accumulator = t._hooks = t._base = None
+    t._out_idx = 0
+    t._version = [0]
     if x.requires_grad and GRAD_MODE.enabled:
         ctx = Context()
         ctx.in_shape, ctx.dims, ctx.keepdim, ctx.in_dtype = data.shape, dims, keepdim, dtype
-        record(Sum, ctx, (x, dims, keepdim, None), res)
-    return res
+        record_unary(Sum, ctx, x, t, 4)        # (x, dims, keepdim, dtype=None)
+    return t
 
 
 @tensor_method()
 def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
     """Sum over ``dim``; bool and integer inputs sum to int64 (PyTorch's rule)."""
-    if dtype is None and (keepdim is False or keepdim is True) and local(input):
+    if dtype is None and (keepdim is False or keepdim is True) and type(input) in TENSOR_TYPES \
+            and input._placement is None and type(input._data) is np.ndarray \
+            and _trace.tracer is None:                 # (local(input), inline)
         out = _direct_sum(input, dim, keepdim)
         if out is not None:
             return out

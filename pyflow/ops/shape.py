@@ -10,8 +10,8 @@ import functools
 import numpy as np
 
 from .. import dtypes as _dt
-from ..autograd import GRAD_MODE, Context, Function, record
-from ..tensor import Size, Tensor, _pointer
+from ..autograd import GRAD_MODE, Context, Function, record_unary
+from ..tensor import Size, Tensor, _pointer, host_tensor
 from ._method import tensor_method
 from ._util import (array_module, check_tensor, kernel, local, normalize_dims, shape_arg,
                     unbroadcast)
@@ -79,16 +79,27 @@ class Clone(Function):
         return g
 
 
+def _clone(x):
+    """``Clone.apply(x)``, run directly for a local ``x`` (and recorded as apply
+    records it)."""
+    if not local(x):
+        return Clone.apply(x)
+    out = host_tensor(np.array(x._data, copy=True, order="C"), x.dtype, x.device)
+    if x.requires_grad and GRAD_MODE.enabled:
+        record_unary(Clone, Context(), x, out)
+    return out
+
+
 @tensor_method()
 @_tensor_op
 def clone(input, memory_format=None):
-    return Clone.apply(input)
+    return _clone(input)
 
 
 @tensor_method()
 @_tensor_op
 def contiguous(input, memory_format=None):
-    return input if input._data.flags.c_contiguous else Clone.apply(input)
+    return input if input._data.flags.c_contiguous else _clone(input)
 
 
 def detach(input):
@@ -183,15 +194,26 @@ class View(Function):
         return reshape(g, ctx.in_shape), None
 
 
-def _direct_view(x, shape):
+def _is_view(arr, data):
+    """Whether ``arr``, ``data.reshape(...)``, views ``data``'s memory (NumPy's
+    reshape copies when the strides allow no view).  A view's base is ``data``'s
+    owner (NumPy collapses chains of views); a copy is new memory, which the
+    last test, by address ranges, tells apart in any other case."""
+    base = arr.base
+    return base is data or base is not None and base is data.base \
+        or np.may_share_memory(arr, data)
+
+
+def _direct_view(x, shape, arr=None):
     """``View``'s forward run directly (``local(x)``, see _util) for a C-contiguous
-    ``x`` and a valid ``shape``, recorded as ``View.apply`` records it."""
+    ``x`` and a valid ``shape`` (or ``arr``, ``x``'s data already viewed in
+    ``shape``), recorded as ``View.apply`` records it."""
     data = x._data
-    out = x._view_of(data.reshape(shape))
+    out = x._view_of(data.reshape(shape) if arr is None else arr)
     if x.requires_grad and GRAD_MODE.enabled:
         ctx = Context()
         ctx.in_shape = data.shape
-        record(View, ctx, (x, shape), out)
+        record_unary(View, ctx, x, out, 2)
     return out
 
 
@@ -212,6 +234,10 @@ def view(input, *shape):
                 return input._view_of(data)
             if data.flags.c_contiguous:
                 return _direct_view(input, s)
+            arr = data.reshape(s)   # a strided input (q of a split qkv) may still view
+            if _is_view(arr, data):
+                return _direct_view(input, s, arr)
+            # (a copy: the general path raises view's own error)
     elif not isinstance(input, Tensor):
         check_tensor(input, "input", "view")
     if len(shape) == 1 and type(shape[0]) is _dt.dtype:
@@ -239,8 +265,16 @@ def reshape(input, *shape):
     if local(input):
         data = input._data
         s = _direct_shape(shape, data.size)
-        if s is not None and data.flags.c_contiguous:
-            return _direct_view(input, s)
+        if s is not None:
+            if data.flags.c_contiguous:
+                return _direct_view(input, s)
+            arr = data.reshape(s)
+            if _is_view(arr, data):
+                return _direct_view(input, s, arr)
+            if not (input.requires_grad and GRAD_MODE.enabled):
+                # a copy that nothing records (a view's backward of a strided
+                # gradient): the general path's Clone + View, as one new array
+                return host_tensor(arr, input.dtype, input.device)
     elif not isinstance(input, Tensor):
         check_tensor(input, "input", "reshape")
     _no_size("reshape", shape)
@@ -295,7 +329,14 @@ class Permute(Function):
 
     @staticmethod
     def backward(ctx, g):
-        return permute(g, tuple(np.argsort(ctx.dims))), None
+        dims = ctx.dims
+        inverse = [0] * len(dims)
+        for i, d in enumerate(dims):
+            inverse[d] = i
+        inverse = tuple(inverse)
+        if not GRAD_MODE.enabled and local(g):      # nothing records: the forward, direct
+            return g._view_of(g._data.transpose(inverse)), None
+        return permute(g, inverse), None
 
 
 @tensor_method()
@@ -316,7 +357,7 @@ def permute(input, *dims):
     if input.requires_grad and GRAD_MODE.enabled:
         ctx = Context()
         ctx.dims = wrapped
-        record(Permute, ctx, (input, wrapped), out)
+        record_unary(Permute, ctx, input, out, 2)
     return out
 
 
@@ -332,7 +373,7 @@ def _direct_transpose(x, d0, d1):
         dims[d0], dims[d1] = dims[d1], dims[d0]
         ctx = Context()
         ctx.dims = dims = tuple(dims)
-        record(Permute, ctx, (x, dims), out)
+        record_unary(Permute, ctx, x, out, 2)
     return out
 
 
@@ -447,7 +488,7 @@ def expand(input, *sizes):
     if input.requires_grad and GRAD_MODE.enabled:
         ctx = Context()
         ctx.in_shape = input._data.shape
-        record(Expand, ctx, (input, out), view)
+        record_unary(Expand, ctx, input, view, 2)
     return view
 
 
@@ -533,7 +574,7 @@ def slice_view(input, key):
     if input.requires_grad and GRAD_MODE.enabled:
         ctx = Context()
         ctx.in_shape, ctx.key, ctx.dtype = data.shape, key, input.dtype
-        record(SliceView, ctx, (input, key), out)
+        record_unary(SliceView, ctx, input, out, 2)
     return out
 
 

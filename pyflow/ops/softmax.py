@@ -6,9 +6,10 @@ needs only y (softmax: ``y * (g - sum(g * y))``, log_softmax:
 the backward itself is being recorded (double backward).
 """
 from .. import dtypes as _dt
-from ..autograd import Function, is_grad_enabled
+from ..autograd import GRAD_MODE, Context, Function, is_grad_enabled, record_unary
+from ..tensor import host_tensor
 from ._method import tensor_method
-from ._util import check_tensor, compute_array, kernel, wrap
+from ._util import CPU_KERNELS, check_tensor, compute_array, cpu_kernel, kernel, local, wrap
 from ..distributed.signatures import softmax_rule
 
 __all__ = ["softmax", "log_softmax"]
@@ -72,9 +73,39 @@ def _prepare(input, dim, dtype, op):
     return input, d
 
 
+def _direct(cls, input, dim):
+    """``cls``'s forward (softmax or log_softmax, no scale, no mask) run directly
+    and recorded as ``cls.apply(input, dim)`` records it, for a local float tensor
+    of at least one dim and an int ``dim`` in range; None otherwise (the general
+    path checks and explains)."""
+    if not local(input) or type(dim) is not int:
+        return None
+    data = input._data
+    dtype = input.dtype
+    n = data.ndim
+    if dtype.category != 2 or dtype.storage is not dtype.compute or not -n <= dim < n:
+        return None
+    dim %= n
+    name = "log_softmax" if cls.log else "softmax"
+    res = (CPU_KERNELS.get(name) or cpu_kernel(name))(data, dim, scale=1.0, causal=False)
+    if res.dtype != data.dtype:
+        return None                     # (never: the row kernels keep the dtype)
+    y = host_tensor(res, dtype, input.device)
+    if input.requires_grad and GRAD_MODE.enabled:
+        ctx = Context()
+        ctx.dim, ctx.scale, ctx.causal = dim, 1.0, False
+        ctx._saved = ((y, 0),)          # ctx.save_for_backward(y)
+        record_unary(cls, ctx, input, y, 2)
+    return y
+
+
 @tensor_method()
 def softmax(input, dim, dtype=None):
     """exp(x) / sum(exp(x)) along ``dim`` (computed as exp(x - max) for stability)."""
+    if dtype is None:
+        out = _direct(Softmax, input, dim)
+        if out is not None:
+            return out
     input, d = _prepare(input, dim, dtype, "softmax")
     if input.ndim == 0:
         return Softmax.apply(input.reshape(1), 0).reshape(())
@@ -84,6 +115,10 @@ def softmax(input, dim, dtype=None):
 @tensor_method()
 def log_softmax(input, dim, dtype=None):
     """x - log(sum(exp(x))) along ``dim``."""
+    if dtype is None:
+        out = _direct(LogSoftmax, input, dim)
+        if out is not None:
+            return out
     input, d = _prepare(input, dim, dtype, "log_softmax")
     if input.ndim == 0:
         return LogSoftmax.apply(input.reshape(1), 0).reshape(())

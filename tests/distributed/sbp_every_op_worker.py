@@ -19,6 +19,7 @@ from tests.distributed.sbp_ops_worker import F, SIZE, check, pyflow, run_case  #
 
 from pyflow.autograd import Function  # noqa: E402
 from pyflow.ops import elementwise as ew  # noqa: E402
+from pyflow.ops.attention import FusedAttention  # noqa: E402
 from pyflow.ops.loss import TargetWeightSum  # noqa: E402
 from pyflow.ops.normalization import BatchNormStats  # noqa: E402
 
@@ -107,6 +108,8 @@ CASES = {
     "RunningAverage": (lambda x, r: running_after_batch_norm(x, r), [(2 * n, n, 2), (n,)], ()),
     "_SoftmaxBase": (lambda a: F.softmax(a, -1) + F.log_softmax(a, 0)
                      + F.scaled_dot_product_attention(a, a, a, is_causal=True), [(n, 2 * n)], ()),
+    "FusedAttention": (lambda q, k, v: FusedAttention.apply(q, k, v, None, 0.5, True),
+                       [(n, 3, 4), (n, 3, 4), (n, 3, 2)], ()),
 }
 # Created only by another op's backward (the op named), so swept with it.
 HELPERS = {"SliceScatter": "SliceView", "Conv2dInputGrad": "Conv2d",

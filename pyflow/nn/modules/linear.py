@@ -47,7 +47,9 @@ class Linear(Module):
 
     def forward(self, input):
         self._check_input(input)
-        if input.shape[-1:] != (self.in_features,):
+        # (the array's shape, without a Size, unless a global tensor's logical one)
+        shape = input._data.shape if input._logical_shape is None else input.shape
+        if shape[-1:] != (self.in_features,):
             raise RuntimeError(f"Linear: input of shape {tuple(input.shape)} has last dimension "
                                f"{input.shape[-1] if input.dim() else None}, expected "
                                f"in_features={self.in_features}")
