@@ -6,14 +6,14 @@ takes MKL from ``min_flops`` up, a stack of products (one batched MKL call
 against NumPy's loop) from ``min_stack_flops`` up, and ``None`` means never.
 Which library wins where depends on the CPU: on a 2-core Intel Xeon MKL won
 single products from about 2^26 flops up and stacks from 2^24; on a 2-core
-AMD EPYC OpenBLAS tied or won single products of every size, MKL only stacks
-(measured here: min_flops never, min_stack_flops 2^24 or 2^27 from run to
-run).  So the two thresholds are measured here, not fixed.
+AMD EPYC, timed as a step runs them (see below), MKL won single products
+from 2^29.6 flops and stacks from 2^27 (timed alone, OpenBLAS had tied or won
+every single product).  So the two thresholds are measured here, not fixed.
 
 The measurement (``measure``) times both libraries on a grid of the float32
 GEMMs training runs (``GRID``: GPT-tiny/mini/GPT-2 linears and attention's
 per-head products, ResNet-50's im2col and 1x1 GEMMs, the MNIST CNN's), at the
-thread counts the process has, in about 1-1.5 s (2 cores, AMD EPYC).  Each
+thread counts the process has, in about 2 s (2 cores, AMD EPYC).  Each
 library's side is timed as pyflow runs it: MKL one ``cblas_sgemm`` or one
 ``cblas_sgemm_batch``; NumPy ``np.matmul``, and for the attention stacks that
 ``kernels/cpu/linalg.py`` splits over worker threads (each thread
