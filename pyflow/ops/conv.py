@@ -1,6 +1,13 @@
 """2-D convolution and pooling, with PyTorch's signatures and output sizes.
 
-Convolution is im2col + one GEMM per group (``kernels/cpu/conv.py``).  Its
+On the CPU a convolution runs on a direct kernel where ``direct_ok`` in
+``kernels/cpu/conv.py`` accepts its shape (3x3, stride 1 or 2, any padding,
+groups 1, no dilation, float32/float64, and enough work by the measured rule
+there: ``kernels/cpu/conv_direct.py``, register tiles of 64-byte vectors, no
+im2col matrix), and as im2col + one GEMM per group otherwise (1x1, other
+kernels and strides, groups; ``PYFLOW_CONV_DIRECT=0`` sends every shape
+there); on CUDA as im2col + GEMM.  The choice is the
+kernel's, below this module: the Functions here are the same either way.  The
 backward is three differentiable Functions that close under differentiation,
 so double backward works:
 
