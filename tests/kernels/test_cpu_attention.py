@@ -177,6 +177,22 @@ def test_nonfinite_values_spread_as_in_the_chain():
     assert np.isnan(grads[0][0, 1]).any()
 
 
+def test_nonfinite_values_behind_the_mask_past_the_first_block():
+    """The same rule where the skipping could change a result: T = S = 150
+    spans three blocks of query rows, and the first block (rows 0..63) reads
+    keys 0..63 only when masked keys are skipped.  An inf in v at key 140
+    makes the chain's output NaN in rows 0..139 (0 * inf), a -inf in k at
+    key 145 makes dq NaN in rows 0..144; skipping those keys would leave
+    them finite."""
+    rng = np.random.default_rng(8)
+    q, k, v, g = _inputs(rng, (1, 1), 150, 150, 3, 2)
+    v[0, 0, 140, 1] = np.inf
+    k[0, 0, 145, 0] = -np.inf
+    out, _, (dq, _, _) = _check(q, k, v, g, None, 0.5, True, np.float64)
+    assert np.isnan(out[0, 0, :140, 1]).all()
+    assert np.isnan(dq[0, 0, :145]).any(axis=-1).all()
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_zero_empty_rows(dtype):
     """scaled_dot_product_attention's rule: a row that keeps no key is 0, its
