@@ -10,7 +10,8 @@ node stepping the LR scheduler.  An optimizer class that does not provide the
 per-parameter step (a user subclass overriding ``step``) gets one node calling
 its ``step()``.
 
-``fuse_model_update`` (``graph.config.allow_fuse_model_update_ops(True)``)
+``fuse_model_update`` (``graph.config.allow_fuse_model_update_ops``, on by
+default)
 replaces the per-parameter nodes of each (optimizer, dtype, device) group by
 ONE node calling ``Optimizer._update_params``: one multi-tensor kernel
 (``adam_multi_step`` / ``sgd_multi_step`` in ``kernels/*/optim.py``) over the
