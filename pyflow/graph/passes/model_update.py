@@ -11,13 +11,12 @@ per-parameter step (a user subclass overriding ``step``) gets one node calling
 its ``step()``.
 
 ``fuse_model_update`` (``graph.config.allow_fuse_model_update_ops``, on by
-default)
-replaces the per-parameter nodes of each (optimizer, dtype, device) group by
-ONE node calling ``Optimizer._update_params``: one multi-tensor kernel
-(``adam_multi_step`` / ``sgd_multi_step`` in ``kernels/*/optim.py``) over the
-whole group.  It does the same arithmetic as the unfused nodes, bit for bit,
-and saves a node (an actor firing, a kernel dispatch and the Python around
-it) per parameter.
+default) replaces the per-parameter nodes of each (optimizer, dtype, device)
+group by ONE node calling ``Optimizer._update_params``: one multi-tensor
+kernel (``adam_multi_step`` / ``sgd_multi_step`` in ``kernels/*/optim.py``)
+over the whole group, as eager ``optimizer.step()`` does.  It does the same
+arithmetic as the unfused nodes, bit for bit, and saves a node (an actor
+firing, a kernel dispatch and the Python around it) per parameter.
 
 Update nodes have no data inputs: they read ``.grad``, which the ``set_grad``
 nodes wrote, and the lowering makes every ``update`` wait for all actors
