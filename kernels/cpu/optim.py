@@ -371,14 +371,14 @@ def adam_multi_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hpara
     flag_rows = np.zeros((n, 3), np.int8)
     if n and _one_setting((params, grads, exp_avgs, exp_avg_sqs), hparams, flags, dtype) \
             and not flags[0][0]:
-        rows = {}                                 # no amsgrad: no max_exp_avg_sq to check
+        index, table = {}, []                     # no amsgrad: no max_exp_avg_sq to check
         for i, h in enumerate(hparams):           # usually one or two settings (decay or not)
-            if h not in rows:
-                rows[h] = (len(rows), adam_row(op, h, i))
-        table = np.array([row for _, row in rows.values()], dtype=hp.dtype)
-        hp[:] = table[[rows[h][0] for h in hparams]]
+            if h not in index:
+                index[h] = len(table)
+                table.append(adam_row(op, h, i))
+        hp[:] = np.array(table, dtype=hp.dtype)[[index[h] for h in hparams]]
         flag_rows[:] = tuple(bool(f) for f in flags[0])
-        maxes = [_EMPTY[dtype]] * n
+        maxes = [_EMPTY[dtype]] * n               # (every grad writeable: _one_setting)
     else:
         maxes = []
         for i, names, arrays, row, amsgrad, maximize, decoupled in adam_members(
@@ -387,10 +387,10 @@ def adam_multi_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, hpara
             hp[i] = row
             flag_rows[i] = (amsgrad, maximize, decoupled)
             maxes.append(max_exp_avg_sqs[i] if amsgrad else _EMPTY[dtype])
+        grads = [_writeable(g) for g in grads]    # (checked above: arrays)
     if n == 0:
         return
     chunks, pad = _padded_chunks(n, dtype)
-    grads = [_writeable(g) for g in grads]
     for lo, hi in chunks:
         _adam_multi_kernel(pad(params[lo:hi]), pad(grads[lo:hi]), pad(exp_avgs[lo:hi]),
                            pad(exp_avg_sqs[lo:hi]), pad(maxes[lo:hi]), hp[lo:hi],

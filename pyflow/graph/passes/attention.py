@@ -48,7 +48,7 @@ faster; until then the pass is there for memory, and for the graph's shape.
 import math
 
 from ... import dtypes as _dt
-from ..ir import Node, Value
+from ..ir import Node, Value, iter_values
 
 _FLOATS = (_dt.float32, _dt.float64)
 
@@ -62,10 +62,10 @@ def _number(a):
 
 
 def _sole_reader(value, users, escaping, reader):
-    """Whether ``reader`` is the only node reading ``value`` (once) and it escapes nowhere."""
+    """Whether ``reader`` is the only node reading ``value``, once (``users`` lists
+    a node once per read), and ``value`` escapes nowhere."""
     readers = users.get(value.id, [])
-    return value.id not in escaping and len(readers) == 1 and readers[0] is reader \
-        and sum(1 for v in reader.inputs if v.id == value.id) == 1
+    return value.id not in escaping and len(readers) == 1 and readers[0] is reader
 
 
 def _local_cpu_float(*values):
@@ -85,8 +85,8 @@ def match(out_matmul, producer, users, escaping):
     if not _op(softmax, "Softmax") or softmax.kwargs or not _sole_reader(probs, users, escaping,
                                                                           out_matmul):
         return None
-    x, dim, *rest = softmax.args + (1.0, False)[len(softmax.args) - 2:]
-    scale_arg, causal = rest[:2]
+    # Softmax.apply(x, dim, scale=1.0, causal=False): fill in the defaults not passed
+    x, dim, scale_arg, causal = softmax.args + (1.0, False)[len(softmax.args) - 2:]
     if not isinstance(x, Value) or dim not in (-1, len(x.shape) - 1) or scale_arg != 1.0 \
             or causal or len(x.shape) < 3:
         return None
@@ -144,7 +144,6 @@ def fuse_attention(graph):
     users = graph.consumers()
     escaping = {v.id for v in graph.output_values()}
     if graph.backward is not None:
-        from ..ir import iter_values
         escaping.update(v.id for v in iter_values(graph.backward))
     replace, drop, lines = {}, set(), []
     for node in graph.nodes:
