@@ -18,15 +18,24 @@ spin settings from the environment once, when they are loaded:
   eager 8.6-8.9 ms -> 7.5-8.0 ms, graph 6.1-6.7 -> 5.3-5.6 ms; MNIST CNN
   (50-56 ms) and ResNet-18 (413-418 ms) unchanged; 12 and 16 behaved as 4.
   ``import pyflow`` sets it (unless set) before NumPy loads.
-* OpenMP keeps its default wait (spin ``GOMP_SPINCOUNT`` = 300,000 rounds,
-  then sleep) in a process that has the machine to itself: with OpenBLAS
-  asleep nothing else wants the cores, and waking sleeping workers for every
-  kernel costs more.  Measured on 2 cores (AMD EPYC, 2026-12-03, three
-  alternating runs): small GPT step 24-31 ms with the default against 43-52
-  ms with ``OMP_WAIT_POLICY=PASSIVE``, small CNN 23-31 against 31-54 ms,
-  transformer block 106-115 against 135-183 ms.  Until then pyflow set
-  PASSIVE (measured against OpenBLAS threads that still spun), which also
-  slowed PyTorch 2.7x when pyflow was imported first.
+* ``GOMP_SPINCOUNT=30000`` (``OPENMP_SPINCOUNT``): numba's OpenMP workers
+  spin 30,000 rounds after a parallel kernel, then sleep, instead of
+  libgomp's default 300,000 (libgomp's own estimate is 100,000 rounds a
+  millisecond: ~0.3 ms, as OpenBLAS's timeout above, against ~3 ms).  A
+  worker that spins keeps its core from the OpenBLAS GEMM that often comes
+  next (NumPy's BLAS, a pool of its own): one GEMM of ResNet-50's weight
+  gradient, (512, 32) @ (32, 4608), took 2.05 ms alone, 3.28 ms right after
+  a numba ``prange`` kernel with the default spin, 1.80 ms with 10,000 and
+  1.44 ms with ``OMP_WAIT_POLICY=PASSIVE``.  Sleeping sooner costs where
+  numba kernels come back to back, as the workers must be woken each time:
+  PASSIVE made a small GPT step 43-52 ms instead of 24-31 ms, a small CNN
+  31-54 instead of 23-31 (2026-12-03).  Measured on 2 cores (AMD EPYC,
+  2026-12-04, a shared and noisy machine, alternating runs, medians of
+  step-time medians): ResNet-50 (DLPerf CPU preset) eager step 488 ms with
+  300,000, 354 with 30,000, 365 with 10,000 (four runs each; six runs
+  earlier: 467 against 304 with 10,000); ResNet-18 at 32x32 (direct numba
+  convolutions back to back) 601, 628 and 661 ms; the small GPT and the
+  MNIST CNN, eager and graph, within the noise (four runs).
 * ``OMP_WAIT_POLICY=PASSIVE`` where several ranks share the machine
   (``OMPI_COMM_WORLD_LOCAL_SIZE`` > 1, as under ``pyflow-run``/``mpirun``):
   a spinning worker there takes the core of another rank.
@@ -57,6 +66,7 @@ import sys
 
 GUARD_ENV_VAR = "PYFLOW_THREAD_GUARD"
 OPENBLAS_TIMEOUT = "20"     # 2^20 cycles of spin before an idle worker sleeps
+OPENMP_SPINCOUNT = "30000"  # libgomp spin rounds before an idle worker sleeps
 
 _found = {}
 
@@ -70,6 +80,8 @@ def set_wait_policies():
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", OPENBLAS_TIMEOUT)
     if _ranks_on_this_machine() > 1:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    elif "OMP_WAIT_POLICY" not in os.environ:   # a policy the user set keeps its own spin
+        os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPINCOUNT)
 
 
 def _ranks_on_this_machine():
@@ -140,8 +152,10 @@ def openblas_thread_timeout():
 def report():
     """What ``import pyflow`` found already loaded and what it did about it."""
     if not _found.get("openmp_first"):
-        policy = os.environ.get("OMP_WAIT_POLICY")
-        openmp = f"OMP_WAIT_POLICY={policy}" if policy else "default wait (a short spin, then sleep)"
+        policy, spin = os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT")
+        openmp = (f"OMP_WAIT_POLICY={policy}" if policy else
+                  f"GOMP_SPINCOUNT={spin} (spin, then sleep)" if spin else
+                  "default wait (a short spin, then sleep)")
     elif _found.get("user_wait_policy"):
         openmp = f"loaded before pyflow, OMP_WAIT_POLICY={_found['user_wait_policy']}"
     else:      # libgomp has no call to change it once loaded

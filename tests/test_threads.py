@@ -28,7 +28,8 @@ print(json.dumps({"timeout": _threads.openblas_thread_timeout(),
 
 def _probe(*imports, guard=None):
     env = {k: v for k, v in os.environ.items()        # a user's shell: nothing set for us
-           if k not in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT", "PYFLOW_THREAD_GUARD")}
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT",
+                        "PYFLOW_THREAD_GUARD")}
     if guard is not None:
         env["PYFLOW_THREAD_GUARD"] = guard
     out = subprocess.run([sys.executable, "-c", PROBE, *imports, "pyflow"], cwd=ROOT, env=env,
@@ -43,7 +44,8 @@ def test_pyflow_first_sets_the_short_openblas_timeout():
     assert got["timeout"] == [int(_threads.OPENBLAS_TIMEOUT)]
     assert got["report"]["numpy imported before pyflow"] is False
     assert got["report"]["OpenBLAS"] == "none needed"
-    assert got["report"]["OpenMP"] == "default wait (a short spin, then sleep)"
+    assert got["report"]["OpenMP"] == (f"GOMP_SPINCOUNT={_threads.OPENMP_SPINCOUNT} "
+                                       "(spin, then sleep)")
 
 
 @pytest.mark.cpu_only
@@ -80,6 +82,30 @@ def test_ranks_sharing_the_machine_get_passive_openmp_waits():
     out = subprocess.run([sys.executable, "-c", "import os, pyflow; print(os.environ['OMP_WAIT_POLICY'])"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "PASSIVE", out.stderr
+
+
+def _env_after_import(**env_changes):
+    """os.environ's OpenMP settings in a fresh process after ``import pyflow``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMPI_COMM_WORLD_LOCAL_SIZE")}
+    env.update(env_changes)
+    code = ("import os, pyflow; print(os.environ.get('OMP_WAIT_POLICY'), "
+            "os.environ.get('GOMP_SPINCOUNT'), pyflow.backends.cpu.threads['OpenMP'])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split(maxsplit=2)
+
+
+@pytest.mark.cpu_only
+def test_one_rank_gets_a_short_openmp_spin():
+    policy, spin, report = _env_after_import()
+    assert (policy, spin) == ("None", _threads.OPENMP_SPINCOUNT)
+    assert report.strip() == f"GOMP_SPINCOUNT={_threads.OPENMP_SPINCOUNT} (spin, then sleep)"
+    # what the user set wins: a spin count of their own, or a wait policy (no spin count added)
+    assert _env_after_import(GOMP_SPINCOUNT="500")[1] == "500"
+    assert _env_after_import(OMP_WAIT_POLICY="ACTIVE")[:2] == ["ACTIVE", "None"]
+    assert _env_after_import(OMPI_COMM_WORLD_LOCAL_SIZE="2")[:2] == ["PASSIVE", "None"]
 
 
 @pytest.mark.cpu_only
