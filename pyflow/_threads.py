@@ -34,8 +34,11 @@ spin settings from the environment once, when they are loaded:
   step-time medians): ResNet-50 (DLPerf CPU preset) eager step 488 ms with
   300,000, 354 with 30,000, 365 with 10,000 (four runs each; six runs
   earlier: 467 against 304 with 10,000); ResNet-18 at 32x32 (direct numba
-  convolutions back to back) 601, 628 and 661 ms; the small GPT and the
-  MNIST CNN, eager and graph, within the noise (four runs).
+  convolutions back to back, where a shorter spin means more wake-ups) 601,
+  628 and 661 ms, and in five runs with other work on the machine 676 ms
+  with 300,000 against 780 with 30,000: a cost of 4-15% there, for 25-30%
+  on ResNet-50; the small GPT and the MNIST CNN, eager and graph, within
+  the noise (four runs).
 * ``OMP_WAIT_POLICY=PASSIVE`` where several ranks share the machine
   (``OMPI_COMM_WORLD_LOCAL_SIZE`` > 1, as under ``pyflow-run``/``mpirun``):
   a spinning worker there takes the core of another rank.
