@@ -30,15 +30,15 @@ spin settings from the environment once, when they are loaded:
   numba kernels come back to back, as the workers must be woken each time:
   PASSIVE made a small GPT step 43-52 ms instead of 24-31 ms, a small CNN
   31-54 instead of 23-31 (2026-12-03).  Measured on 2 cores (AMD EPYC,
-  2026-12-04, a shared and noisy machine, alternating runs, medians of
-  step-time medians): ResNet-50 (DLPerf CPU preset) eager step 488 ms with
-  300,000, 354 with 30,000, 365 with 10,000 (four runs each; six runs
-  earlier: 467 against 304 with 10,000); ResNet-18 at 32x32 (direct numba
-  convolutions back to back, where a shorter spin means more wake-ups) 601,
-  628 and 661 ms, and in five runs with other work on the machine 676 ms
-  with 300,000 against 780 with 30,000: a cost of 4-15% there, for 25-30%
-  on ResNet-50; the small GPT and the MNIST CNN, eager and graph, within
-  the noise (four runs).
+  2026-12-04, a shared and noisy machine, alternating processes, medians of
+  step-time medians), default spin -> 30,000: ResNet-50 (DLPerf CPU preset)
+  eager step 488 -> 354 ms (four runs each; 10,000: 365) and 402 -> 318 (three
+  runs); GPT-2 (DLPerf CPU preset) 1,190 -> 1,058 ms (three runs); ResNet-18
+  at 32x32 (direct numba convolutions back to back, where a shorter spin
+  means more wake-ups) 601 -> 628, 676 -> 780 (with other work on the
+  machine) and 651 -> 619 ms: no clear cost; the small GPT and the MNIST
+  CNN, eager and graph, within the noise (their steps ranged +-30% run to
+  run that day).
 * ``OMP_WAIT_POLICY=PASSIVE`` where several ranks share the machine
   (``OMPI_COMM_WORLD_LOCAL_SIZE`` > 1, as under ``pyflow-run``/``mpirun``):
   a spinning worker there takes the core of another rank.

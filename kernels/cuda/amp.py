@@ -1,0 +1,70 @@
+"""Loss-scaling support on the GPU: unscale gradients and find inf/nan.
+
+The twin of ``kernels/cpu/amp.py`` (same argument rules, same values): every
+gradient is multiplied in place by ``float32(inv_scale)`` in its dtype and the
+call says whether any value was inf or nan before the multiplication.  Here it
+is one launch per gradient (not one per chunk of gradients as on the CPU),
+all writing one device flag that is read once at the end.  float16 and
+non-contiguous gradients are unscaled in a contiguous float32 (or own-dtype)
+copy that is copied back, float16 rounding once as ATen's opmath does.
+"""
+import math
+
+import numpy as np
+from numba import cuda
+
+from ..registry import register
+from ._memory import launch_config, stream, to_host, zeros
+from .copy import copy_into, describe, flat, is_contiguous
+
+_FAST = (np.dtype(np.float32), np.dtype(np.float64))
+_FLOATS = (np.dtype(np.float16),) + _FAST
+
+
+@cuda.jit
+def _unscale_check_kernel(grad, inv_scale, found):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, grad.size, step):
+        v = grad[i]
+        if not math.isfinite(v):
+            found[0] = 1
+        grad[i] = v * inv_scale
+
+
+@register("amp_unscale_check", "cuda")
+def amp_unscale_check(grads, inv_scale):
+    """Multiply every device array of ``grads`` in place by ``inv_scale``; return
+    True if any of them held an inf or nan (before the multiplication)."""
+    op = "amp_unscale_check"
+    if not isinstance(grads, (list, tuple)):
+        raise TypeError(f"{op}: 'grads' must be a list of arrays, got {type(grads).__name__}")
+    if isinstance(inv_scale, (bool, np.bool_)) or not isinstance(inv_scale, (int, float,
+                                                                             np.floating)):
+        raise TypeError(f"{op}: 'inv_scale' must be a real number, got "
+                        f"{type(inv_scale).__name__}")
+    inv32 = np.float32(inv_scale)
+    described = []
+    for i, a in enumerate(grads):
+        try:
+            shape, _, dtype = describe(a)
+        except Exception:
+            raise TypeError(f"{op}: 'grads[{i}]' must be a device array, got "
+                            f"{type(a).__name__}") from None
+        if dtype not in _FLOATS:
+            raise TypeError(f"{op}: 'grads[{i}]' must be float16, float32 or float64, got "
+                            f"{dtype} (bfloat16 gradients: pass their float32 values and "
+                            f"cast the result back)")
+        described.append((a, math.prod(shape), dtype))
+    found = zeros(1, np.int32, grads[0] if grads else None)
+    for a, n, dtype in described:
+        if n == 0:
+            continue
+        work_dtype = dtype if dtype in _FAST else np.dtype(np.float32)
+        in_place = dtype in _FAST and is_contiguous(a)
+        work = flat(a) if in_place else flat(a, work_dtype)
+        blocks, threads = launch_config(n)
+        _unscale_check_kernel[blocks, threads, stream()](work, work_dtype.type(inv32), found)
+        if not in_place:
+            copy_into(a, work.reshape(a.shape))
+    return bool(to_host(found)[0])
