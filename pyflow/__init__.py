@@ -36,6 +36,7 @@ from .ops import *  # noqa: F401,F403
 from . import ops
 from . import backends, cuda, nn, optim, utils
 from . import amp  # noqa: E402  (pyflow.amp.GradScaler: dynamic loss scaling)
+from .amp import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: E402
 from .distributed import env  # noqa: E402  (pyflow.env.get_rank() ...; MPI starts on first use)
 from .distributed import placement, sbp  # noqa: E402  (pyflow.placement, pyflow.sbp.split(0) ...)
 from .distributed import dispatch, global_tensor  # noqa: E402,F401  (global tensors; fill _hooks)

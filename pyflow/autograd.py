@@ -24,13 +24,14 @@ import weakref
 
 import numpy as np
 
+from . import dtypes as _dt
 from ._hooks import HOOKS
 from ._hooks import _state as _trace
 from .kernels.registry import get as _kernel
 from .tensor import Tensor, host_tensor
 
 __all__ = ["Function", "backward", "grad", "no_grad", "enable_grad",
-           "set_grad_enabled", "is_grad_enabled"]
+           "set_grad_enabled", "is_grad_enabled", "autocast_op"]
 
 _new = object.__new__           # (objects made on every recorded op skip __init__)
 _wref = weakref.ref
@@ -106,6 +107,87 @@ class enable_grad(no_grad):
             with enable_grad():
                 return fn(*a, **k)
         return wrapper
+
+
+# ---------------------------------------------------------------- autocast mode
+class _AutocastMode(threading.local):
+    """The calling thread's autocast state, set by ``pyflow.amp.autocast``.
+
+    It lives here, beside grad mode, because the ops read it and autograd is
+    the layer every op imports (a module of its own at the top of the package
+    would be a layer above the ops).  ``enabled`` is the one flag the ops test
+    (true while autocast is on for some device type and not switched off
+    inside an op that autocast already cast for); the rest is read only when
+    it is set."""
+    enabled = False
+    cpu = False                 # on for CPU tensors
+    cuda = False                # on for CUDA tensors
+    cpu_dtype = _dt.bfloat16    # the lower-precision dtype of each device type
+    cuda_dtype = _dt.float16
+    cache = True                # accepted, unused: pyflow keeps no cast cache
+
+
+AUTOCAST = _AutocastMode()
+AUTOCAST_POLICIES = ("lower", "fp32")
+_ELIGIBLE = (_dt.float32, _dt.float16, _dt.bfloat16)     # float64 is never cast (as torch)
+
+
+def _autocast_device(args, kwargs):
+    """The device type of the first floating point tensor among the arguments."""
+    for a in args:
+        if isinstance(a, Tensor) and a.dtype.category == 2:
+            return a.device.type
+    for a in kwargs.values():
+        if isinstance(a, Tensor) and a.dtype.category == 2:
+            return a.device.type
+    return None
+
+
+def autocast_run(policy, fn, args, kwargs):
+    """``fn(*args, **kwargs)`` under autocast: its float16/bfloat16/float32 tensor
+    arguments cast to the device's lower-precision dtype (``"lower"``) or to
+    float32 (``"fp32"``) by the differentiable cast (so gradients come back in
+    each argument's own dtype), and ``fn`` run with autocast off, as PyTorch
+    runs an op after its autocast wrapper: the ops inside a composite op do
+    not cast again.  Policy None runs ``fn`` as it is, autocast off inside."""
+    mode = AUTOCAST
+    device = _autocast_device(args, kwargs)
+    if device is None or not getattr(mode, device, False):
+        return fn(*args, **kwargs)
+    if policy is not None:
+        to = _dt.float32 if policy == "fp32" else getattr(mode, device + "_dtype")
+        cast = HOOKS.cast
+        args = tuple(cast(a, to) if isinstance(a, Tensor) and a.dtype is not to
+                     and a.dtype in _ELIGIBLE and a.device.type == device else a for a in args)
+        kwargs = {k: cast(a, to) if isinstance(a, Tensor) and a.dtype is not to
+                  and a.dtype in _ELIGIBLE and a.device.type == device else a
+                  for k, a in kwargs.items()}
+    mode.enabled = False
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        mode.enabled = True
+
+
+def autocast_op(policy):
+    """Decorator of a public op made of other ops (``addmm``, ``mse_loss``): the
+    autocast ``policy`` of the whole op ("lower", "fp32", or None: run as
+    is, its inner ops not cast, as ``mv`` in PyTorch).  A Function declares
+    its policy as the class attribute ``autocast`` instead.  With autocast off
+    it costs one call and one flag test."""
+    if policy is not None and policy not in AUTOCAST_POLICIES:
+        raise ValueError(f"autocast_op(): policy must be one of {AUTOCAST_POLICIES} or None, "
+                         f"got {policy!r}")
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def op(*args, **kwargs):
+            if AUTOCAST.enabled:
+                return autocast_run(policy, fn, args, kwargs)
+            return fn(*args, **kwargs)
+        op.autocast = policy
+        return op
+    return decorate
 
 
 # ---------------------------------------------------------------- the tape
@@ -270,6 +352,22 @@ class Function:
     pieces) unless the class sets ``handles_global``."""
     handles_global = False
     sbp_rule = None
+    # Autocast policy (docs/amp.md): "lower" runs in the device's lower-precision
+    # dtype, "fp32" in float32, None in its inputs' dtypes.  A class that sets
+    # it gets ``_autocast_apply`` as its ``apply``: a check inside
+    # ``Function.apply`` would not see build()'s ops, since the graph tracer
+    # replaces that method while it traces; this way the casts are ops the
+    # trace records, and the other ops pay nothing.
+    autocast = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        policy = cls.__dict__.get("autocast")
+        if policy is not None:
+            if policy not in AUTOCAST_POLICIES:
+                raise ValueError(f"{cls.__name__}.autocast must be one of "
+                                 f"{AUTOCAST_POLICIES} or None, got {policy!r}")
+            cls.apply = classmethod(_autocast_apply)
 
     @staticmethod
     def forward(ctx, *args, **kwargs):
@@ -300,6 +398,17 @@ class Function:
         if record:
             _attach(cls, ctx, args, out)
         return out
+
+
+_FUNCTION = vars(Function)     # read at call time: the tracer patches Function.apply
+
+
+def _autocast_apply(cls, *args, **kwargs):
+    """``apply`` of a Function with an autocast policy: one flag test, then
+    ``Function.apply`` (whichever is installed: the tracer's while tracing)."""
+    if AUTOCAST.enabled and cls.autocast is not None:
+        return autocast_run(cls.autocast, _FUNCTION["apply"].__func__.__get__(cls), args, kwargs)
+    return _FUNCTION["apply"].__func__(cls, *args, **kwargs)
 
 
 def _attach(cls, ctx, args, out):

@@ -32,6 +32,15 @@ def _unscale_check_kernel(grad, inv_scale, found):
         grad[i] = v * inv_scale
 
 
+def kernel_specs():
+    """The kernel as (label, plain Python function, numba signature) per dtype it
+    runs on (float16 gradients run in a float32 copy), for the PTX tests."""
+    from numba import types
+    return [(f"unscale_check {name}", _unscale_check_kernel.py_func,
+             (types.Array(t, 1, "C"), t, types.Array(types.int32, 1, "C")))
+            for name, t in (("float32", types.float32), ("float64", types.float64))]
+
+
 @register("amp_unscale_check", "cuda")
 def amp_unscale_check(grads, inv_scale):
     """Multiply every device array of ``grads`` in place by ``inv_scale``; return

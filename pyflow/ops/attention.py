@@ -42,7 +42,7 @@ import numpy as np
 
 from .._hooks import recordable
 from .. import dtypes as _dt
-from ..autograd import Function, is_grad_enabled
+from ..autograd import Function, autocast_op, is_grad_enabled
 from ..distributed.sbp import broadcast as _B
 from ..distributed.sbp import split as _S
 from ..distributed.signatures import Candidate
@@ -279,6 +279,7 @@ def _expand_lead(t, lead):
     return t.expand(*lead, *t.shape[-2:])
 
 
+@autocast_op("lower")
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
     """Attention of query (..., L, E) over key (..., S, E) and value (..., S, Ev)."""

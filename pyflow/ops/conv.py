@@ -116,6 +116,7 @@ def _conv_backward(x, w, gy, cols, geo, need_x, need_w, need_b):
 
 
 class Conv2d(Function):
+    autocast = "lower"
     @staticmethod
     def forward(ctx, x, w, b, geo, keep_cols):
         y, cols, dt = _conv_forward(x, w, b, geo, keep_cols)

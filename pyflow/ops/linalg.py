@@ -17,7 +17,8 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
-from ..autograd import GRAD_MODE, Context, Function, is_grad_enabled, record
+from ..autograd import (AUTOCAST, GRAD_MODE, Context, Function, autocast_op, is_grad_enabled,
+                        record)
 from ..tensor import Tensor
 from ._method import tensor_method
 from ..tensor import host_tensor
@@ -66,6 +67,7 @@ def _check_device(a, b, op):
 class Matmul(Function):
     """(..., n, k) @ (..., k, m); the batch dims broadcast like NumPy's."""
     sbp_rule = matmul_rule
+    autocast = "lower"
 
     @staticmethod
     def forward(ctx, a, b):
@@ -84,6 +86,7 @@ class Matmul(Function):
 
 class Dot(Matmul):
     """1-D x 1-D: the same forward, a backward with elementwise products."""
+    autocast = None             # torch's CPU autocast leaves dot in its inputs' dtype
 
     @staticmethod
     def backward(ctx, g):
@@ -112,7 +115,7 @@ def matmul(input, other):
         if type(a) is np.ndarray and type(b) is np.ndarray and other.dtype is dtype \
                 and dtype.category and dtype.storage is dtype.compute \
                 and input._placement is None and other._placement is None \
-                and _trace.tracer is None:
+                and _trace.tracer is None and not AUTOCAST.enabled:
             sa, sb = a.shape, b.shape
             nd = len(sa)
             if nd == len(sb) and nd >= 2 and sa[-1] == sb[-2] and (nd == 2 or sa[:-2] == sb[:-2]):
@@ -205,6 +208,7 @@ def bmm(input, mat2):
 
 
 @tensor_method()
+@autocast_op(None)              # matmul's policy is not mv's: torch leaves mv uncast
 def mv(input, vec):
     """(n, k) @ (k,) -> (n,)."""
     _check_ndim(input, "input", "mv", 2, "a matrix")
@@ -241,6 +245,7 @@ def _save_linear(ctx, x, x2, weight):
 class Linear(Function):
     """input (*, in) @ weight (out, in).T + bias (out,), as one 2-D GEMM."""
     sbp_rule = linear_rule
+    autocast = "lower"
 
     @staticmethod
     def forward(ctx, x, weight, bias):
@@ -341,7 +346,7 @@ def _direct_linear(input, weight, bias):
 
 def linear(input, weight, bias=None):
     """torch.nn.functional.linear: ``input @ weight.T + bias`` for input of any rank >= 1."""
-    if local(input) and local(weight):
+    if local(input) and local(weight) and not AUTOCAST.enabled:
         out = _direct_linear(input, weight, bias)
         if out is not None:
             return out
@@ -384,6 +389,7 @@ def _add_scaled(prod, input, beta, alpha, op):
 
 
 @tensor_method()
+@autocast_op("lower")           # the whole op, input included, as in torch
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     """beta * input + alpha * (mat1 @ mat2)."""
     check_tensor(input, "input", "addmm")
@@ -391,6 +397,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
 
 
 @tensor_method()
+@autocast_op("lower")
 def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
     """beta * input + alpha * bmm(batch1, batch2)."""
     check_tensor(input, "input", "baddbmm")

@@ -13,7 +13,7 @@ import numbers
 import numpy as np
 
 from .. import dtypes as _dt
-from ..autograd import Function, is_grad_enabled
+from ..autograd import Function, autocast_op, is_grad_enabled
 from ..tensor import Tensor
 from ._util import (array_module, as_array, broadcast_shapes, check_same_device, check_tensor,
                     compute_array, kernel, unbroadcast, wrap)
@@ -178,6 +178,7 @@ def _finish(loss_rows, tg, weight, ignore_index, reduction, out_shape):
 
 class CrossEntropy(Function):
     """Per-row loss of fused log_softmax + NLL with label smoothing."""
+    autocast = "fp32"
     reads_on_host = True        # check_targets: a CUDA graph cannot hold it
     sbp_rule = loss_rule
 
@@ -215,6 +216,7 @@ class CrossEntropy(Function):
         return wrap(dx, dt, x.device), None, None, None, None
 
 
+@autocast_op("fp32")     # the whole loss, its soft-target and composite forms too
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                   reduction="mean", label_smoothing=0.0):
     """Cross entropy of logits ``input`` (C), (N, C) or (N, C, d1, ...) against class
@@ -267,6 +269,7 @@ def _cross_entropy_probs(input, target, weight, reduction, smoothing):
 
 class NLLLoss(Function):
     sbp_rule = loss_rule
+    autocast = "fp32"
     reads_on_host = True        # check_targets: a CUDA graph cannot hold it
     @staticmethod
     def forward(ctx, x, target, weight, ignore_index):
@@ -302,6 +305,7 @@ class NLLLossBackward(Function):
         return wrap(loss, gg.dtype, gg.device), None, None, None, None
 
 
+@autocast_op("fp32")
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
              reduction="mean"):
     """Negative log likelihood of log-probabilities ``input`` at class indices ``target``."""
@@ -330,6 +334,7 @@ def _check_pair(input, target, op):
     return input, target
 
 
+@autocast_op("fp32")
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """(input - target) ** 2, reduced."""
     reduction = _reduction(size_average, reduce, reduction)
@@ -341,6 +346,7 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     return _reduce(d * d, reduction)
 
 
+@autocast_op("fp32")
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """|input - target|, reduced."""
     reduction = _reduction(size_average, reduce, reduction)
@@ -351,6 +357,7 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
 # ------------------------------------------------------------------ binary losses
 class BCEWithLogits(Function):
     """Elementwise loss w * ((1-y)*x + (1 + (pw-1)*y) * softplus(-x))."""
+    autocast = "fp32"
 
     @staticmethod
     def forward(ctx, x, y, weight, pos_weight):
@@ -385,6 +392,7 @@ class BCEWithLogits(Function):
         return gx, gy, gwt, gpw
 
 
+@autocast_op("fp32")
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
                                      reduction="mean", pos_weight=None):
     """Sigmoid + binary cross entropy in the numerically stable log-sum-exp form."""
@@ -410,6 +418,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     return _reduce(BCEWithLogits.apply(input, target, weight, pos_weight), reduction)
 
 
+@autocast_op("fp32")
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None,
                          reduction="mean"):
     """-(y * log(p) + (1 - y) * log(1 - p)) with each log clamped at -100 like PyTorch."""

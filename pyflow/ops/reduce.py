@@ -223,6 +223,7 @@ def mean(input, dim=None, keepdim=False, *, dtype=None):
 
 
 class Prod(Function):
+    autocast = "fp32"
     @staticmethod
     def forward(ctx, x, dims, keepdim, dtype):
         ctx.save_for_backward(x)
