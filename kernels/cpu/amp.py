@@ -60,13 +60,30 @@ def _unscale_check_numpy(a, inv_scale):
     return found
 
 
+def dtype_error(op, i, dtype):
+    """The message for a gradient of a dtype the kernels do not take (both devices)."""
+    return TypeError(f"{op}: 'grads[{i}]' must be float16, float32 or float64, got {dtype} "
+                     f"(bfloat16 gradients: pass their float32 values and cast the result "
+                     f"back)")
+
+
+def check_call(op, grads, inv_scale):
+    """The argument checks both devices' kernels share; ``inv_scale`` rounded to
+    float32, as torch keeps the scale."""
+    if not isinstance(grads, (list, tuple)):
+        raise TypeError(f"{op}: 'grads' must be a list of arrays, got {type(grads).__name__}")
+    if isinstance(inv_scale, (bool, np.bool_)) or not isinstance(inv_scale, (int, float,
+                                                                             np.floating)):
+        raise TypeError(f"{op}: 'inv_scale' must be a real number, got "
+                        f"{type(inv_scale).__name__}")
+    return np.float32(inv_scale)
+
+
 def _check_grad(op, i, a):
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{op}: 'grads[{i}]' must be a NumPy array, got {type(a).__name__}")
     if a.dtype not in _FLOATS:
-        raise TypeError(f"{op}: 'grads[{i}]' must be float16, float32 or float64, got "
-                        f"{a.dtype} (bfloat16 gradients: pass their float32 values and "
-                        f"cast the result back)")
+        raise dtype_error(op, i, a.dtype)
     if not a.flags.writeable:
         raise ValueError(f"{op}: 'grads[{i}]' must be writeable (it is unscaled in place)")
 
@@ -79,13 +96,7 @@ def amp_unscale_check(grads, inv_scale):
     ``grads`` is a list or tuple of float16/float32/float64 NumPy arrays of any
     shape and layout, mixed dtypes allowed; ``inv_scale`` a real number."""
     op = "amp_unscale_check"
-    if not isinstance(grads, (list, tuple)):
-        raise TypeError(f"{op}: 'grads' must be a list of arrays, got {type(grads).__name__}")
-    if isinstance(inv_scale, (bool, np.bool_)) or not isinstance(inv_scale, (int, float,
-                                                                             np.floating)):
-        raise TypeError(f"{op}: 'inv_scale' must be a real number, got "
-                        f"{type(inv_scale).__name__}")
-    inv32 = np.float32(inv_scale)
+    inv32 = check_call(op, grads, inv_scale)
     found = False
     fast = {dt: [] for dt in _FAST}          # flat views the numba kernel takes, per dtype
     for i, a in enumerate(grads):

@@ -13,6 +13,7 @@ import math
 import numpy as np
 from numba import cuda
 
+from ..cpu.amp import check_call, dtype_error
 from ..registry import register
 from ._memory import launch_config, stream, to_host, zeros
 from .copy import copy_into, describe, flat, is_contiguous
@@ -46,13 +47,7 @@ def amp_unscale_check(grads, inv_scale):
     """Multiply every device array of ``grads`` in place by ``inv_scale``; return
     True if any of them held an inf or nan (before the multiplication)."""
     op = "amp_unscale_check"
-    if not isinstance(grads, (list, tuple)):
-        raise TypeError(f"{op}: 'grads' must be a list of arrays, got {type(grads).__name__}")
-    if isinstance(inv_scale, (bool, np.bool_)) or not isinstance(inv_scale, (int, float,
-                                                                             np.floating)):
-        raise TypeError(f"{op}: 'inv_scale' must be a real number, got "
-                        f"{type(inv_scale).__name__}")
-    inv32 = np.float32(inv_scale)
+    inv32 = check_call(op, grads, inv_scale)
     described = []
     for i, a in enumerate(grads):
         try:
@@ -61,9 +56,7 @@ def amp_unscale_check(grads, inv_scale):
             raise TypeError(f"{op}: 'grads[{i}]' must be a device array, got "
                             f"{type(a).__name__}") from None
         if dtype not in _FLOATS:
-            raise TypeError(f"{op}: 'grads[{i}]' must be float16, float32 or float64, got "
-                            f"{dtype} (bfloat16 gradients: pass their float32 values and "
-                            f"cast the result back)")
+            raise dtype_error(op, i, dtype)
         described.append((a, math.prod(shape), dtype))
     found = zeros(1, np.int32, grads[0] if grads else None)
     for a, n, dtype in described:
