@@ -38,7 +38,7 @@ pyflow.distributed pyflow.runtime
 pyflow.optim
 pyflow.graph
 pyflow.nn pyflow.utils
-pyflow pyflow.backends pyflow.cuda
+pyflow pyflow.backends pyflow.cuda pyflow.amp
 """.strip().splitlines()
 
 
