@@ -16,6 +16,10 @@ keeps its own 1/N slice, so N ranks take exactly the steps one rank would (the
 gradients are averaged by ``DistributedDataParallel``).  The LR schedule is a
 linear warm-up then a cosine decay to 1/10 (``LambdaLR``).  ``--graph`` runs the
 step as a ``pyflow.nn.Graph`` (forward, backward and update compiled once).
+``--amp bf16`` runs forward and loss under ``pyflow.autocast`` (bfloat16
+matrix products, float32 losses), eager or graph; ``--amp fp16`` under
+float16 autocast with a ``pyflow.amp.GradScaler`` (eager mode only: graphs
+have no loss scaler yet), whose state the checkpoint keeps.
 
 Parallelism: ``--parallel dp`` in eager mode is ``DistributedDataParallel``;
 in graph mode, and for ``--parallel tp|hybrid``, the parameters become global
@@ -163,6 +167,9 @@ def build_parser():
     p.add_argument("--tp-size", type=_int_at_least(1), default=2,
                    help="ranks per tensor-parallel group of --parallel hybrid")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--amp", choices=("none", "bf16", "fp16"), default="none",
+                   help="mixed precision: autocast to bfloat16, or to float16 with loss "
+                        "scaling (eager only)")
     p.add_argument("--data", default=None,
                    help="chars (pyflow's own text, GPT default), a text file path, synthetic, "
                         "or digits (MLP default)")
@@ -201,6 +208,9 @@ def parse_args(argv=None):
         parser.error("--data digits is for --model mlp")
     if args.lr is None:
         args.lr = DEFAULT_LR[args.optimizer]
+    if args.amp == "fp16" and args.graph:
+        parser.error("--amp fp16 needs --eager: a graph has no loss scaler yet (--amp bf16 "
+                     "needs none and runs in graph mode)")
     return args
 
 
@@ -354,16 +364,28 @@ def build_optimizer(args, model):
                               lr=args.lr, betas=(0.9, 0.95))
 
 
+AMP_DTYPES = {"bf16": pyflow.bfloat16, "fp16": pyflow.float16}
+
+
+def autocast(args):
+    """The ``--amp`` autocast context for the forward pass and the loss (a
+    disabled one for ``--amp none``)."""
+    return pyflow.autocast(args.device, dtype=AMP_DTYPES.get(args.amp),
+                           enabled=args.amp != "none")
+
+
 class TrainGraph(nn.Graph):
     """One training step (forward, backward, update, LR step) as a static graph."""
 
-    def __init__(self, model, optimizer, scheduler):
+    def __init__(self, model, optimizer, scheduler, args):
         super().__init__()
         self.model = model
+        self.args = args
         self.add_optimizer(optimizer, lr_sch=scheduler)
 
     def build(self, x, y):
-        loss = loss_of(self.model, x, y)
+        with autocast(self.args):           # traced with the casts it makes
+            loss = loss_of(self.model, x, y)
         loss.backward()
         return loss
 
@@ -439,7 +461,7 @@ def evaluate(model, batches, args, comm):
     generator = pyflow.Generator().manual_seed(args.seed + 1)
     model.eval()
     total = 0.0
-    with pyflow.no_grad():
+    with pyflow.no_grad(), autocast(args):
         for _ in range(args.eval_iters):
             x, y = batches.next("val", generator)
             total += _value(comm, loss_of(model, x, y))
@@ -449,10 +471,13 @@ def evaluate(model, batches, args, comm):
 
 # ------------------------------------------------------------------ checkpoints
 def _run_info(args, model_config, data):
-    return {"model": args.model, "config": model_config, "optimizer": args.optimizer,
+    info = {"model": args.model, "config": model_config, "optimizer": args.optimizer,
             "lr": args.lr, "weight_decay": args.weight_decay, "warmup": args.warmup,
             "steps": args.steps, "batch_size": args.batch_size, "data": data.name,
             "vocab": getattr(data, "vocab", None), "text": getattr(data, "digest", None)}
+    if args.amp != "none":          # absent otherwise: older checkpoints still resume
+        info["amp"] = args.amp
+    return info
 
 
 def _differences(saved, current, prefix=""):
@@ -484,17 +509,21 @@ def load_checkpoint(path, run_info):
     return ckpt
 
 
-def save_checkpoint(path, model, optimizer, scheduler, step, batches, run_info, write=True):
+def save_checkpoint(path, model, optimizer, scheduler, step, batches, run_info, write=True,
+                    scaler=None):
     """Every rank calls it (gathering split global tensors is collective); the rank
-    with ``write`` writes the file."""
+    with ``write`` writes the file (with the loss scaler's state under --amp fp16)."""
     model_state = parallel_layout.local_state(model.state_dict())
     optimizer_state = parallel_layout.local_state(optimizer.state_dict())
     if not write:
         return
-    pyflow.save({"model": model_state, "optimizer": optimizer_state,
-                 "scheduler": scheduler.state_dict(), "step": step,
-                 "rng": pyflow.get_rng_state(), "data_rng": batches.generator.get_state(),
-                 "run": run_info}, path)
+    state = {"model": model_state, "optimizer": optimizer_state,
+             "scheduler": scheduler.state_dict(), "step": step,
+             "rng": pyflow.get_rng_state(), "data_rng": batches.generator.get_state(),
+             "run": run_info}
+    if scaler is not None and scaler.is_enabled():
+        state["scaler"] = scaler.state_dict()
+    pyflow.save(state, path)
 
 
 # ------------------------------------------------------------------ log and plot
@@ -557,7 +586,8 @@ class Job(types.SimpleNamespace):
     --ckpt-dir), ``model``, ``train_model`` (the model, or its DDP wrapper),
     ``graph`` (None in eager mode), ``optimizer``, ``scheduler``, ``batches``,
     ``run_info`` (what a checkpoint must match), ``start`` (the last step
-    already done), ``n_params`` and ``log``."""
+    already done), ``n_params``, ``log`` and ``scaler`` (the GradScaler,
+    enabled under --amp fp16)."""
 
 
 class History:
@@ -625,6 +655,7 @@ def setup(args):
                                                    WarmupCosine(args.warmup, args.steps))
     batches = Batches(data, args, rank, world_size, layout)
     run_info = _run_info(args, model_config, data)
+    scaler = pyflow.amp.GradScaler(args.device, enabled=args.amp == "fp16")
     start = 0
     if args.resume:
         ckpt = load_checkpoint(ckpt_path, run_info)
@@ -633,6 +664,8 @@ def setup(args):
         scheduler.load_state_dict(ckpt["scheduler"])
         pyflow.set_rng_state(ckpt["rng"])
         batches.generator.set_state(ckpt["data_rng"])
+        if scaler.is_enabled():
+            scaler.load_state_dict(ckpt["scaler"])
         start = int(ckpt["step"])
     if ckpt_path and rank == 0:
         os.makedirs(args.ckpt_dir, exist_ok=True)
@@ -647,7 +680,7 @@ def setup(args):
     if world_size > 1 and layout is None:
         from pyflow.nn.parallel import DistributedDataParallel
         train_model = DistributedDataParallel(model, comm=comm)
-    graph = TrainGraph(model, optimizer, scheduler) if args.graph else None
+    graph = TrainGraph(model, optimizer, scheduler, args) if args.graph else None
     n_params = sum(p.numel() for p in model.parameters())
     log = Log(args.out, start) if rank == 0 else Log(None, 0)
     if rank == 0:
@@ -657,7 +690,7 @@ def setup(args):
     return Job(args=args, comm=comm, rank=rank, world_size=world_size, ckpt_path=ckpt_path,
                model=model, train_model=train_model, graph=graph, optimizer=optimizer,
                scheduler=scheduler, batches=batches, run_info=run_info, start=start,
-               n_params=n_params, log=log)
+               n_params=n_params, log=log, scaler=scaler)
 
 
 def _settle_lengths(args, data):
@@ -713,7 +746,7 @@ def train_loop(job):
         if job.ckpt_path and (step == args.steps
                               or (args.ckpt_every and step % args.ckpt_every == 0)):
             save_checkpoint(job.ckpt_path, job.model, job.optimizer, job.scheduler, step,
-                            job.batches, job.run_info, write=rank == 0)
+                            job.batches, job.run_info, write=rank == 0, scaler=job.scaler)
             job.comm.barrier()
     if progress is not None:
         progress.close()
@@ -728,10 +761,13 @@ def _step(job):
     if job.graph is not None:
         loss = job.graph(x, y)
     else:
-        loss = loss_of(job.train_model, x, y)
+        with autocast(job.args):
+            loss = loss_of(job.train_model, x, y)
         job.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        job.optimizer.step()
+        scaler = job.scaler                 # disabled (a pass-through) but under --amp fp16
+        scaler.scale(loss).backward()
+        scaler.step(job.optimizer)          # skipped when a gradient overflowed
+        scaler.update()
         job.scheduler.step()
     return _value(job.comm, loss)
 

@@ -37,4 +37,7 @@ def cast(x, src, dst):
         x = bfloat16_to_float32(x)
     if dst.name == "bfloat16":
         return float32_to_bfloat16(x)
+    if dst.name == "float16":           # beyond its range is inf, silently, as in PyTorch
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16)
     return x.astype(dst.storage)

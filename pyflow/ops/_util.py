@@ -48,6 +48,9 @@ def wrap(arr, dtype, device=CPU):
             arr = kernel("cast", device.type)(arr, _dt.from_numpy(arr.dtype), dtype)
         elif dtype is _dt.bfloat16:     # rounds to bfloat16 words (whatever arr's float type)
             arr = kernel("cast", "cpu")(arr, _dt.float32, dtype)
+        elif dtype is _dt.float16:      # beyond float16's range is inf, silently, as in PyTorch
+            with np.errstate(over="ignore"):
+                arr = arr.astype(np.float16)
         else:
             arr = arr.astype(dtype.storage)
     if type(arr) is np.ndarray and device is CPU and _trace.tracer is None:
