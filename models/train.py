@@ -367,24 +367,23 @@ def build_optimizer(args, model):
 AMP_DTYPES = {"bf16": pyflow.bfloat16, "fp16": pyflow.float16}
 
 
-def autocast(args):
+def autocast(amp, device):
     """The ``--amp`` autocast context for the forward pass and the loss (a
     disabled one for ``--amp none``)."""
-    return pyflow.autocast(args.device, dtype=AMP_DTYPES.get(args.amp),
-                           enabled=args.amp != "none")
+    return pyflow.autocast(device, dtype=AMP_DTYPES.get(amp), enabled=amp != "none")
 
 
 class TrainGraph(nn.Graph):
     """One training step (forward, backward, update, LR step) as a static graph."""
 
-    def __init__(self, model, optimizer, scheduler, args):
+    def __init__(self, model, optimizer, scheduler, amp="none", device="cpu"):
         super().__init__()
         self.model = model
-        self.args = args
+        self.amp, self.device = amp, device
         self.add_optimizer(optimizer, lr_sch=scheduler)
 
     def build(self, x, y):
-        with autocast(self.args):           # traced with the casts it makes
+        with autocast(self.amp, self.device):   # traced with the casts it makes
             loss = loss_of(self.model, x, y)
         loss.backward()
         return loss
@@ -461,7 +460,7 @@ def evaluate(model, batches, args, comm):
     generator = pyflow.Generator().manual_seed(args.seed + 1)
     model.eval()
     total = 0.0
-    with pyflow.no_grad(), autocast(args):
+    with pyflow.no_grad(), autocast(args.amp, args.device):
         for _ in range(args.eval_iters):
             x, y = batches.next("val", generator)
             total += _value(comm, loss_of(model, x, y))
@@ -680,7 +679,8 @@ def setup(args):
     if world_size > 1 and layout is None:
         from pyflow.nn.parallel import DistributedDataParallel
         train_model = DistributedDataParallel(model, comm=comm)
-    graph = TrainGraph(model, optimizer, scheduler, args) if args.graph else None
+    graph = (TrainGraph(model, optimizer, scheduler, args.amp, args.device) if args.graph
+             else None)
     n_params = sum(p.numel() for p in model.parameters())
     log = Log(args.out, start) if rank == 0 else Log(None, 0)
     if rank == 0:
@@ -761,7 +761,7 @@ def _step(job):
     if job.graph is not None:
         loss = job.graph(x, y)
     else:
-        with autocast(job.args):
+        with autocast(job.args.amp, job.args.device):
             loss = loss_of(job.train_model, x, y)
         job.optimizer.zero_grad(set_to_none=True)
         scaler = job.scaler                 # disabled (a pass-through) but under --amp fp16
