@@ -46,11 +46,8 @@ def wrap(arr, dtype, device=CPU):
     if arr.dtype != dtype.storage:
         if device.type != "cpu":
             arr = kernel("cast", device.type)(arr, _dt.from_numpy(arr.dtype), dtype)
-        elif dtype is _dt.bfloat16:     # rounds to bfloat16 words (whatever arr's float type)
-            arr = kernel("cast", "cpu")(arr, _dt.float32, dtype)
-        elif dtype is _dt.float16:      # beyond float16's range is inf, silently, as in PyTorch
-            with np.errstate(over="ignore"):
-                arr = arr.astype(np.float16)
+        elif dtype is _dt.bfloat16 or dtype is _dt.float16:    # the cast kernel's rounding
+            arr = kernel("cast", "cpu")(arr, _dt.from_numpy(arr.dtype), dtype)  # and overflow
         else:
             arr = arr.astype(dtype.storage)
     if type(arr) is np.ndarray and device is CPU and _trace.tracer is None:
