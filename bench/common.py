@@ -189,3 +189,15 @@ def positive(text):
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {n}")
     return n
+
+
+def write_section(path, section, text):
+    """Put ``text`` (a Markdown section starting with the heading ``section``,
+    e.g. ``## Roofline``) into the file ``path``, replacing the one there."""
+    old = open(path).read() if os.path.exists(path) else ""
+    if section in old:
+        head, rest = old.split(section, 1)
+        nxt = rest.find("\n## ")
+        old = head + (rest[nxt + 1:] if nxt >= 0 else "")
+    with open(path, "w") as f:
+        f.write(old.rstrip("\n") + "\n\n" + text)

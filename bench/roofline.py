@@ -27,7 +27,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench import dlperf  # noqa: E402  (imports neither library)
-from bench.common import machine_in_child  # noqa: E402
+from bench.common import machine_in_child, write_section  # noqa: E402
 
 RESULT = "RESULT "
 SECTION = "## Roofline"
@@ -177,17 +177,6 @@ def markdown(args, machine, peak, peaks, bandwidth, rows):
     return "\n".join(lines)
 
 
-def write_section(path, text):
-    """Put ``text`` (a ``## Roofline`` section) into ``path``, replacing the one there."""
-    old = open(path).read() if os.path.exists(path) else ""
-    if SECTION in old:
-        head, rest = old.split(SECTION, 1)
-        nxt = rest.find("\n## ")
-        old = head + (rest[nxt + 1:] if nxt >= 0 else "")
-    with open(path, "w") as f:
-        f.write(old.rstrip("\n") + "\n\n" + text)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", choices=dlperf.MODELS, default=list(dlperf.MODELS))
@@ -215,7 +204,7 @@ def main(argv=None):
     text = markdown(args, machine_in_child(), peak, peaks, bandwidth, rows)
     print(text)
     if args.results:
-        write_section(args.results, text)
+        write_section(args.results, SECTION, text)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import pytest
 
 import pyflow as pf
 from bench import dlperf
+from bench.common import write_section
 from tests.helpers import needs_torch, torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -202,7 +203,7 @@ def test_roofline_table_and_results_section(tmp_path):
     assert "best of numpy 100.0, 2048^3" in text
     results = tmp_path / "RESULTS.md"
     results.write_text("# DLPerf\n\n## Throughput\n\nold table\n\n## Roofline\n\nold roofline\n")
-    roofline.write_section(str(results), text)
-    roofline.write_section(str(results), text)
+    write_section(str(results), roofline.SECTION, text)
+    write_section(str(results), roofline.SECTION, text)
     out = results.read_text()
     assert "old table" in out and "old roofline" not in out and out.count("## Roofline") == 1

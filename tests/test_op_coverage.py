@@ -157,7 +157,7 @@ def test_rules_are_found():
     functions = pyflow_functions()
     assert functions["ops.linalg.Matmul"].sbp_rule is signatures.matmul_rule
     assert signatures.rule_for(functions["ops.elementwise.Neg"]) is signatures.unary_linear_rule
-    assert "graph.passes.fusion.FusedElementwise" in functions
+    assert "ops.fused.FusedElementwise" in functions
     assert signatures.rule_for(functions["ops.conv.Conv2d"]) is signatures.broadcast_only
     assert len(functions) > 80
 

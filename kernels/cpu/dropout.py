@@ -27,6 +27,12 @@ that LLVM vectorizes (four Philox calls per AVX2 instruction), then applies the
 keep test, as the equivalent integer test ``bits >> 8 >= keep_threshold(p)``,
 and the scaling to their 1024 elements; the words and the mask are those above.
 
+``bias_dropout_add_philox(x, bias, residual, p, seed, offset)`` is the same
+kernel with a bias added before the mask and a residual after, ``(x + bias)
+* keep / (1 - p) + residual`` in one pass over memory instead of three (the
+transformer's bias + dropout + residual, OneFlow's fused_bias_add_dropout);
+each op rounds as it would alone, so it equals the three kernels bit for bit.
+
 ``dropout(x, keep, scale)`` is the masked scaling alone (``x * keep * scale``):
 the backward applies it to the gradient with the forward's mask.  Dropped
 elements are ``x * 0``, so NaN stays NaN, as in PyTorch.
@@ -141,6 +147,41 @@ def _dropout_philox(x, thr, scale, zero, k0, k1, o0, o1, out, keep):
 
 
 @twin(nogil=True, cache=True)
+def _bias_dropout_add_philox(x, b, r, has_b, has_r, thr, scale, zero, k0, k1, o0, o1, out,
+                             keep):
+    """``_dropout_philox`` with a bias added before the mask (b: one value per
+    column of x's last dim) and a residual added after: ``(x + b) * keep *
+    scale + r`` in x's dtype, the rounding of the three ops done one by one,
+    and the same mask for the same (seed, offset)."""
+    n = x.size
+    cols = b.size if has_b else 1
+    groups = (n + 3) // 4
+    for blk in prange((groups + _BLOCK - 1) // _BLOCK):
+        bits = np.empty(4 * _BLOCK, np.uint32)
+        g0 = blk * _BLOCK
+        for i in range(min(_BLOCK, groups - g0)):
+            g = g0 + i
+            r0, r1, r2, r3 = _philox_inline(np.uint32(g & 0xFFFFFFFF), np.uint32(g >> 32),
+                                            o0, o1, k0, k1)
+            bits[4 * i] = r0
+            bits[4 * i + 1] = r1
+            bits[4 * i + 2] = r2
+            bits[4 * i + 3] = r3
+        e0 = 4 * g0
+        col = e0 % cols          # a column counter: no division per element
+        for i in range(min(4 * _BLOCK, n - e0)):
+            e = e0 + i
+            v = x[e] + b[col] if has_b else x[e]
+            k = (bits[i] >> _S8) >= thr
+            keep[e] = k
+            v = v * (scale if k else zero)
+            out[e] = v + r[e] if has_r else v
+            col += 1
+            if col == cols:
+                col = 0
+
+
+@twin(nogil=True, cache=True)
 def _masked_scale(x, keep, scale, out):
     for i in prange(x.size):
         out[i] = x[i] * (scale if keep[i] else 0.0)   # like PyTorch: NaN * 0 stays NaN
@@ -173,6 +214,55 @@ def dropout_philox(x, p, seed, offset=0):
         _dropout_philox(xc.reshape(-1), keep_threshold(p), xc.dtype.type(scale), xc.dtype.type(0),
                         k0, k1, o0, o1, out.reshape(-1), keep.reshape(-1))
     return (out if dtype == xc.dtype else out.astype(dtype)), keep
+
+
+def check_bias_residual(op, shape, dtype, bias_shape, bias_dtype, res_shape, res_dtype):
+    """The argument rules of ``bias_dropout_add_philox`` on every backend: a
+    bias of x's last dim, a residual of x's shape, both of x's dtype."""
+    if bias_shape is not None:
+        if not shape or tuple(bias_shape) != (shape[-1],):
+            raise ValueError(f"{op}: 'bias' must have shape ({shape[-1] if shape else '?'},) "
+                             f"(x's last dim), got {tuple(bias_shape)} for x of shape "
+                             f"{tuple(shape)}")
+        if bias_dtype != dtype:
+            raise TypeError(f"{op}: 'bias' must be {dtype} like x, got {bias_dtype}")
+    if res_shape is not None:
+        if tuple(res_shape) != tuple(shape):
+            raise ValueError(f"{op}: 'residual' must have x's shape {tuple(shape)}, got "
+                             f"{tuple(res_shape)}")
+        if res_dtype != dtype:
+            raise TypeError(f"{op}: 'residual' must be {dtype} like x, got {res_dtype}")
+
+
+@register("bias_dropout_add_philox", "cpu")
+def bias_dropout_add_philox(x, bias, residual, p, seed, offset=0):
+    """((x + bias) * keep / (1 - p) + residual, keep), the mask that
+    ``dropout_philox`` draws for the same (seed, offset); ``bias`` (x's last
+    dim) and ``residual`` (x's shape) may be None.  float16 runs as the three
+    separate kernels (numba has no float16 arithmetic to round like them)."""
+    op = "bias_dropout_add_philox"
+    _check_float(x, op)
+    check_bias_residual(op, x.shape, x.dtype, None if bias is None else bias.shape,
+                        None if bias is None else bias.dtype,
+                        None if residual is None else residual.shape,
+                        None if residual is None else residual.dtype)
+    scale = check_probability(p)
+    if x.dtype == np.float16:
+        out, keep = dropout_philox(x if bias is None else x + bias, p, seed, offset)
+        return (out if residual is None else out + residual), keep
+    k0, k1 = key_words(seed, "seed")
+    o0, o1 = key_words(offset, "offset")
+    xc = np.ascontiguousarray(x)
+    dtype = xc.dtype
+    b = np.zeros(1, dtype) if bias is None else np.ascontiguousarray(bias)
+    r = np.zeros(1, dtype) if residual is None else np.ascontiguousarray(residual).reshape(-1)
+    out = np.empty(x.shape, dtype)
+    keep = np.empty(x.shape, np.bool_)
+    if out.size:
+        _bias_dropout_add_philox(xc.reshape(-1), b, r, bias is not None, residual is not None,
+                                 keep_threshold(p), dtype.type(scale), dtype.type(0), k0, k1,
+                                 o0, o1, out.reshape(-1), keep.reshape(-1))
+    return out, keep
 
 
 @register("dropout", "cpu")

@@ -1,12 +1,22 @@
-"""layer_norm and batch_norm kernels (numba), forward and fused backward.
+"""layer_norm, rms_norm, add_layer_norm and batch_norm kernels (numba),
+forward and fused backward.
 
 Statistics accumulate in float64 (two passes: mean, then squared deviations),
 so float32 inputs with a large mean lose no precision; the forward saves mean
 and rstd = 1/sqrt(var + eps) for the backward, which then needs one pass for
 the two row (or channel) sums and one for dx.
 
-layer_norm works on (rows, n) with normalized dims flattened last; batch_norm
-on (N, C, S) with every dim after C flattened into S.
+* ``rms_norm``: y = x * rstd * w with rstd = 1/sqrt(mean(x^2) + eps) (no
+  mean is subtracted, so one float64 pass gives the statistic); the backward
+  needs one row sum, of g*w*xhat.
+* ``add_layer_norm``: s = x + residual and layer_norm(s) in one pass over the
+  rows, writing both (a pre-LN transformer keeps s as its residual stream).
+  Its backward is layer_norm's with the gradient of s added into dx in the
+  same kernel (``g_sum``), since both inputs of the sum get that one gradient.
+
+layer_norm, rms_norm and add_layer_norm work on (rows, n) with normalized
+dims flattened last; batch_norm on (N, C, S) with every dim after C flattened
+into S.
 """
 import math
 
@@ -44,8 +54,33 @@ def _layer_norm_forward(x, w, b, eps, out, mean, rstd):
 
 
 @twin(**JIT)
-def _layer_norm_backward(g, x, mean, rstd, w, dx, dw_parts, db_parts):
-    """dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)); dw, db summed per chunk."""
+def _add_layer_norm_forward(x, res, w, b, eps, out, s, mean, rstd):
+    """s = x + res (rounded to x's dtype, as the unfused add), then layer_norm of s."""
+    rows, n = x.shape
+    for i in prange(rows):
+        t = 0.0
+        for j in range(n):
+            v = x[i, j] + res[i, j]
+            s[i, j] = v
+            t += v
+        mu = t / n
+        v = 0.0
+        for j in range(n):
+            d = s[i, j] - mu
+            v += d * d
+        r = 1.0 / math.sqrt(v / n + eps)
+        mean[i] = mu
+        rstd[i] = r
+        mu_x, r_x = x.dtype.type(mu), x.dtype.type(r)
+        for j in range(n):
+            out[i, j] = (s[i, j] - mu_x) * r_x * w[j] + b[j]
+
+
+@twin(**JIT)
+def _layer_norm_backward(g, x, mean, rstd, w, gs, has_gs, dx, dw_parts, db_parts):
+    """dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)) (+ gs when has_gs: the
+    gradient reaching x by another path, added while the row is still in cache);
+    dw, db summed per chunk."""
     rows, n = x.shape
     chunks = dw_parts.shape[0]
     per = (rows + chunks - 1) // chunks
@@ -68,6 +103,43 @@ def _layer_norm_backward(g, x, mean, rstd, w, dx, dw_parts, db_parts):
             for j in range(n):
                 xhat = (x[i, j] - mu) * r
                 dx[i, j] = r * (g[i, j] * w[j] - a - xhat * bsum)
+            if has_gs:
+                for j in range(n):
+                    dx[i, j] += gs[i, j]
+
+
+@twin(**JIT)
+def _rms_norm_forward(x, w, eps, out, rstd):
+    rows, n = x.shape
+    for i in prange(rows):
+        q = 0.0
+        for j in range(n):
+            q += x[i, j] * x[i, j]
+        r = 1.0 / math.sqrt(q / n + eps)
+        rstd[i] = r
+        r_x = x.dtype.type(r)   # apply in x's precision (SIMD width)
+        for j in range(n):
+            out[i, j] = x[i, j] * r_x * w[j]
+
+
+@twin(**JIT)
+def _rms_norm_backward(g, x, rstd, w, dx, dw_parts):
+    """dx = rstd * (g*w - xhat * mean(g*w*xhat)); dw summed per chunk."""
+    rows, n = x.shape
+    chunks = dw_parts.shape[0]
+    per = (rows + chunks - 1) // chunks
+    for c in prange(chunks):
+        dw = dw_parts[c]
+        for i in range(c * per, min(rows, (c + 1) * per)):
+            r = rstd[i]
+            bsum = 0.0
+            for j in range(n):
+                xhat = x[i, j] * r
+                bsum += g[i, j] * w[j] * xhat
+                dw[j] += g[i, j] * xhat
+            bsum /= n
+            for j in range(n):
+                dx[i, j] = r * (g[i, j] * w[j] - x[i, j] * r * bsum)
 
 
 def _chunks(rows):
@@ -90,15 +162,70 @@ def layer_norm(x, w, b, eps):
 @register("layer_norm_backward", "cpu")
 def layer_norm_backward(g, x, mean, rstd, w):
     """Returns dx (rows, n), dw (n,), db (n,)."""
+    return _layer_norm_dx_dw_db(g, None, x, mean, rstd, w)
+
+
+def _layer_norm_dx_dw_db(g, g_sum, x, mean, rstd, w):
+    g, x = np.ascontiguousarray(g), np.ascontiguousarray(x)
+    rows, n = x.shape
+    w = np.ones(n, x.dtype) if w is None else np.ascontiguousarray(w).reshape(n)
+    dx = np.empty_like(x)
+    has_gs = g_sum is not None
+    gs = np.ascontiguousarray(g_sum, x.dtype) if has_gs else dx   # dx: never read
+    chunks = _chunks(rows)
+    dw_parts, db_parts = np.zeros((chunks, n)), np.zeros((chunks, n))
+    if rows:
+        _layer_norm_backward(g, x, mean, rstd, w, gs, has_gs, dx, dw_parts, db_parts)
+    return dx, dw_parts.sum(0).astype(x.dtype), db_parts.sum(0).astype(x.dtype)
+
+
+# ------------------------------------------------------------------ add_layer_norm
+@register("add_layer_norm", "cpu")
+def add_layer_norm(x, res, w, b, eps):
+    """x, res: (rows, n) of one dtype; w, b: (n,) or None.  Returns out, s = x + res,
+    mean (rows,), rstd (rows,) of s."""
+    x, res = np.ascontiguousarray(x), np.ascontiguousarray(res, x.dtype)
+    rows, n = x.shape
+    w = np.ones(n, x.dtype) if w is None else np.ascontiguousarray(w).reshape(n)
+    b = np.zeros(n, x.dtype) if b is None else np.ascontiguousarray(b).reshape(n)
+    out, s = np.empty_like(x), np.empty_like(x)
+    mean, rstd = np.empty(rows, x.dtype), np.empty(rows, x.dtype)
+    _add_layer_norm_forward(x, res, w, b, float(eps), out, s, mean, rstd)
+    return out, s, mean, rstd
+
+
+@register("add_layer_norm_backward", "cpu")
+def add_layer_norm_backward(g, g_sum, s, mean, rstd, w):
+    """g: gradient of out; g_sum: gradient of s, or None.  Returns ds (rows, n), the
+    gradient of s from both outputs (that of x and of res), dw (n,), db (n,)."""
+    return _layer_norm_dx_dw_db(g, g_sum, s, mean, rstd, w)
+
+
+# ------------------------------------------------------------------ rms_norm
+@register("rms_norm", "cpu")
+def rms_norm(x, w, eps):
+    """x: (rows, n); w: (n,) or None.  Returns out, rstd (rows,)."""
+    x = np.ascontiguousarray(x)
+    rows, n = x.shape
+    w = np.ones(n, x.dtype) if w is None else np.ascontiguousarray(w).reshape(n)
+    out = np.empty_like(x)
+    rstd = np.empty(rows, x.dtype)
+    _rms_norm_forward(x, w, float(eps), out, rstd)
+    return out, rstd
+
+
+@register("rms_norm_backward", "cpu")
+def rms_norm_backward(g, x, rstd, w):
+    """Returns dx (rows, n), dw (n,)."""
     g, x = np.ascontiguousarray(g), np.ascontiguousarray(x)
     rows, n = x.shape
     w = np.ones(n, x.dtype) if w is None else np.ascontiguousarray(w).reshape(n)
     dx = np.empty_like(x)
     chunks = _chunks(rows)
-    dw_parts, db_parts = np.zeros((chunks, n)), np.zeros((chunks, n))
+    dw_parts = np.zeros((chunks, n))
     if rows:
-        _layer_norm_backward(g, x, mean, rstd, w, dx, dw_parts, db_parts)
-    return dx, dw_parts.sum(0).astype(x.dtype), db_parts.sum(0).astype(x.dtype)
+        _rms_norm_backward(g, x, rstd, w, dx, dw_parts)
+    return dx, dw_parts.sum(0).astype(x.dtype)
 
 
 # ------------------------------------------------------------------ batch_norm

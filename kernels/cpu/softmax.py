@@ -18,6 +18,18 @@ softmax(x * scale) with each query row cut at its own position, the fused
 scale + mask + softmax of attention (OneFlow's fused_scale_tril_softmax).
 The masked half of the scores is never read (zeros are written), and no
 scaled copy of q or additive -inf bias is materialized.
+
+``scale_mask_softmax(x, mask, scale, fill_value)`` is OneFlow's
+fused_scale_mask_softmax: softmax over the last dim of ``where(mask, x * scale,
+fill_value)``, with a bool ``mask`` (True: keep) broadcasting to x.  The mask is
+never broadcast in memory: ``mask_rows`` gives each row of x its offset into the
+C-contiguous mask (plus one column stride, 0 or 1), so a (T, S) mask over
+(B, H, T, S) scores costs one int64 per row.  Each element rounds as the
+composition's ops do (x * scale in x's dtype, then the plain softmax), so the
+result equals ``softmax(where(mask, x * scale, fill), -1)`` of these kernels;
+a fully masked row with fill -inf is NaN, as that composition is.  The backward
+``scale * mask * y * (g - sum(g * y))`` sums over the whole row (a finite fill
+leaves y > 0 at masked positions) and writes 0 where the mask is False.
 """
 import math
 
@@ -170,6 +182,119 @@ def _cols_backward(g, y, dx, log):
                     dx[o, j, k] = g[o, j, k] - fast_exp(y[o, j, k]) * s[k]
                 else:
                     dx[o, j, k] = y[o, j, k] * (g[o, j, k] - s[k])
+
+
+# ------------------------------------------------------------------ scale + bool mask
+@twin(**JIT)
+def _masked_rows_forward(x, out, m, moff, mcol, scale, fill):
+    """softmax(where(mask, x * scale, fill)) of each row; row i's mask element j
+    is m[moff[i] + j * mcol].  The masked scores are written to ``out`` first,
+    then the plain softmax runs on them in place (its arithmetic, step by step)."""
+    n = x.shape[1]
+    scale = x.dtype.type(scale)
+    fill = x.dtype.type(fill)
+    for i in prange(x.shape[0]):
+        o = moff[i]
+        row = out[i]
+        if mcol == 0:                   # one mask value for the whole row
+            if m[o]:
+                for j in range(n):
+                    row[j] = x[i, j] * scale
+            else:
+                row[:] = fill
+        else:                           # mcol == 1: a contiguous mask row
+            mr = m[o:o + n]
+            for j in range(n):
+                row[j] = x[i, j] * scale if mr[j] else fill
+        mx = row_max(row)
+        s = x.dtype.type(0.0)
+        for j in range(n):
+            e = fast_exp(row[j] - mx)
+            row[j] = e
+            s += e
+        inv = 1.0 / s
+        for j in range(n):
+            row[j] *= inv
+
+
+@twin(**JIT)
+def _masked_rows_backward(g, y, dx, m, moff, mcol, scale):
+    """scale * y * (g - sum(g * y)) where the mask keeps, 0 where it does not."""
+    n = y.shape[1]
+    scale = y.dtype.type(scale)
+    zero = y.dtype.type(0.0)
+    for i in prange(y.shape[0]):
+        o = moff[i]
+        s = y.dtype.type(0.0)
+        for j in range(n):
+            s += g[i, j] * y[i, j]
+        if mcol == 0:
+            if m[o]:
+                for j in range(n):
+                    dx[i, j] = y[i, j] * (g[i, j] - s) * scale
+            else:
+                dx[i, :] = zero
+        else:                           # mcol == 1: a contiguous mask row
+            mr = m[o:o + n]
+            for j in range(n):
+                dx[i, j] = y[i, j] * (g[i, j] - s) * scale if mr[j] else zero
+
+
+def mask_rows(op, mask_shape, shape):
+    """Where a C-contiguous bool mask of ``mask_shape``, broadcast to x's
+    ``shape`` (..., n), has each row: ``(moff, mcol)``, int64 offsets (one per
+    row of x, C order) and the element stride along the last dim (0 or 1), so
+    row r's element j is ``mask.reshape(-1)[moff[r] + j * mcol]``.  Shared by
+    the CUDA kernels."""
+    shape, mask_shape = tuple(shape), tuple(mask_shape)
+    nd = len(shape)
+    if nd == 0 or len(mask_shape) > nd or any(
+            k not in (1, n) for k, n in zip(mask_shape[::-1], shape[::-1])):
+        raise ValueError(f"{op} kernel: mask of shape {mask_shape} does not broadcast to x "
+                         f"of shape {shape} (over at least one dim)")
+    full = (1,) * (nd - len(mask_shape)) + mask_shape
+    strides, step = [0] * nd, 1
+    for d in range(nd - 1, -1, -1):
+        strides[d] = 0 if full[d] == 1 else step
+        step *= full[d]
+    moff = np.zeros(shape[:-1], np.int64)
+    for d in range(nd - 1):
+        if strides[d]:
+            idx = np.arange(shape[d], dtype=np.int64) * strides[d]
+            moff += idx.reshape((-1,) + (1,) * (nd - 2 - d))
+    return moff.reshape(-1), strides[-1]
+
+
+def _masked_args(op, x, mask):
+    if mask.dtype != np.bool_:
+        raise TypeError(f"{op} kernel: mask must be bool (True: keep), got {mask.dtype}")
+    moff, mcol = mask_rows(op, mask.shape, x.shape)
+    return np.ascontiguousarray(mask).reshape(-1), moff, mcol
+
+
+@register("scale_mask_softmax", "cpu")
+def scale_mask_softmax(x, mask, scale=1.0, fill_value=-np.inf):
+    """softmax(where(mask, x * scale, fill_value), -1); mask bool, broadcasting to x."""
+    m, moff, mcol = _masked_args("scale_mask_softmax", x, mask)
+    out = np.empty(x.shape, x.dtype)
+    if out.size:
+        n = x.shape[-1]
+        _masked_rows_forward(np.ascontiguousarray(x).reshape(-1, n), out.reshape(-1, n), m,
+                             moff, mcol, float(scale), float(fill_value))
+    return out
+
+
+@register("scale_mask_softmax_backward", "cpu")
+def scale_mask_softmax_backward(g, y, mask, scale=1.0):
+    """The gradient of scale_mask_softmax with respect to x, from its output y."""
+    m, moff, mcol = _masked_args("scale_mask_softmax_backward", y, mask)
+    dx = np.empty(y.shape, y.dtype)
+    if dx.size:
+        n = y.shape[-1]
+        _masked_rows_backward(np.ascontiguousarray(g).reshape(-1, n),
+                              np.ascontiguousarray(y).reshape(-1, n), dx.reshape(-1, n), m, moff,
+                              mcol, float(scale))
+    return dx
 
 
 # ------------------------------------------------------------------ entry points

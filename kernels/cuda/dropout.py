@@ -32,7 +32,7 @@ come in as arguments of the data's dtype).
 import numpy as np
 from numba import cuda
 
-from ..cpu.dropout import check_probability, key_words
+from ..cpu.dropout import check_bias_residual, check_probability, key_words
 from ..cpu.dropout import philox4x32 as _philox4x32   # one round function for both backends
 from ..registry import register
 from ._memory import empty, launch_config, stream, to_host
@@ -86,9 +86,34 @@ def dropout_kernel_function():
     return dropout_philox
 
 
+def bias_dropout_add_kernel_function():
+    """The dropout kernel with a bias added before the mask (``b[e % cols]``)
+    and a residual after: ``(x + b) * keep * scale + r``, the CPU kernel's
+    arithmetic and mask.  ``has_b``/``has_r`` False: b or r is a 1-element dummy."""
+    philox = cuda.jit(device=True)(_philox4x32)
+
+    def bias_dropout_add_philox(out, keep, x, b, r, has_b, has_r, n, p, scale, zero, k0, k1,
+                                off0, off1):
+        cols = b.size if has_b else 1
+        for g in range(cuda.grid(1), (n + 3) // 4, cuda.gridsize(1)):
+            r0, r1, r2, r3 = philox(np.uint32(g & 0xFFFFFFFF), np.uint32(g >> 32),
+                                    off0, off1, k0, k1)
+            for lane in range(4):
+                e = 4 * g + lane
+                if e < n:
+                    w = r0 if lane == 0 else (r1 if lane == 1 else (r2 if lane == 2 else r3))
+                    k = np.float32(w >> _S8) * _TWO_M24 >= p
+                    keep[e] = k
+                    v = x[e] + b[e % cols] if has_b else x[e]
+                    v = v * (scale if k else zero)
+                    out[e] = v + r[e] if has_r else v
+    return bias_dropout_add_philox
+
+
 KERNEL_FACTORIES = {"masked_scale": lambda: _masked_scale,
                     "philox_words": philox_kernel_function,
-                    "dropout_philox": dropout_kernel_function}
+                    "dropout_philox": dropout_kernel_function,
+                    "bias_dropout_add_philox": bias_dropout_add_kernel_function}
 _jitted = {}
 
 
@@ -146,6 +171,36 @@ def dropout_philox(x, p, seed, offset=0, *, launch=None):
     _jit("dropout_philox")[blocks, threads, stream()](
         out.reshape(-1), keep.reshape(-1), read_only(xc), n, np.float32(p), dtype.type(scale),
         dtype.type(0), k0, k1, o0, o1)
+    return out, keep
+
+
+@register("bias_dropout_add_philox", "cuda")
+def bias_dropout_add_philox(x, bias, residual, p, seed, offset=0, *, launch=None):
+    """((x + bias) * keep / (1 - p) + residual, keep): the CPU kernel's values
+    and mask, one pass; ``bias`` (x's last dim) and ``residual`` may be None."""
+    op = "bias_dropout_add_philox"
+    dtype = _check_float(x, op)
+    shape = tuple(describe(x)[0])
+    described = [None if a is None else describe(a) for a in (bias, residual)]
+    check_bias_residual(op, shape, dtype, *(v for d in described
+                                            for v in ((None, None) if d is None
+                                                      else (tuple(d[0]), d[2]))))
+    scale = check_probability(p)
+    k0, k1 = key_words(seed, "seed")
+    o0, o1 = key_words(offset, "offset")
+    out = empty(shape, dtype, x)
+    keep = empty(shape, np.bool_, x)
+    n = size_of(out)
+    if n == 0:
+        return out, keep
+    dummy = empty((1,), dtype, x)
+    b = dummy if bias is None else contiguous(bias).reshape(-1)
+    r = dummy if residual is None else contiguous(residual).reshape(-1)
+    blocks, threads = launch_config(-(-n // 4)) if launch is None else launch
+    _jit("bias_dropout_add_philox")[blocks, threads, stream()](
+        out.reshape(-1), keep.reshape(-1), read_only(contiguous(x).reshape(-1)), read_only(b),
+        read_only(r), bias is not None, residual is not None, n, np.float32(p),
+        dtype.type(scale), dtype.type(0), k0, k1, o0, o1)
     return out, keep
 
 

@@ -1,4 +1,5 @@
-"""layer_norm and batch_norm kernels (numba.cuda), forward and fused backward.
+"""layer_norm, rms_norm, add_layer_norm and batch_norm kernels (numba.cuda),
+forward and fused backward.
 
 Same calls and results as ``kernels/cpu/normalization.py``:
 
@@ -13,6 +14,17 @@ Same calls and results as ``kernels/cpu/normalization.py``:
   rows: blocks of 32 columns x 8 row-phases, each block covering a chunk of
   rows, summing in shared memory and leaving one partial per chunk; a second
   small kernel adds the chunks.  No atomics, so results are deterministic.
+* ``layer_norm_backward`` is also ``add_layer_norm_backward``: the dx kernel
+  takes an optional second gradient (``g_sum``, the gradient of s = x + res
+  reaching s directly) and adds it in its write, so the gradient of both
+  inputs of the fused add comes out of the one pass.
+* ``add_layer_norm``: one block per row; each thread writes s = x + res for
+  its strided elements and runs Welford's update on them, then writes the
+  normalized s, reading back the elements it wrote itself (so no barrier).
+* ``rms_norm``: one block per row, a block sum of x^2 gives rstd =
+  1/sqrt(mean(x^2) + eps), saved per row.  Its backward: dx one block per row
+  (one row sum, of g*w*xhat); dweight with layer_norm's column-sum kernels,
+  given a zero mean (their dbias column is unused).
 * ``batch_norm_stats``: one block per channel of x (N, C, S), Welford again.
 * ``batch_norm_apply``: a grid-stride loop, (x - mean) * rstd * w + b per channel.
 * ``batch_norm_backward``: one block per channel (the sums of g and
@@ -72,13 +84,105 @@ def _layer_norm_forward(dtype):
     return layer_norm_forward
 
 
-def _layer_norm_backward_dx(dtype):
-    """dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)), one block per row."""
+def _add_layer_norm_forward(dtype):
+    """s = x + res, then layer_norm of s: one block per row."""
+    acc, nb = dtype.type, NUMBA_FLOAT[dtype]
+    zero, one = acc(0), acc(1)
+    block_welford = device_helpers(acc)["block_welford"]
+
+    def add_layer_norm_forward(x, res, w, b, has_w, has_b, eps, out, s, mean, rstd):
+        shc = cuda.shared.array(MAX_WARPS, nb)
+        shm = cuda.shared.array(MAX_WARPS, nb)
+        shq = cuda.shared.array(MAX_WARPS, nb)
+        rows, n = x.shape
+        tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+        for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            c, mu, q = zero, zero, zero
+            for j in range(tid, n, nt):
+                v = x[r, j] + res[r, j]
+                s[r, j] = v
+                c += one
+                d = v - mu
+                mu += d / c
+                q += d * (v - mu)
+            c, mu, q = block_welford(c, mu, q, shc, shm, shq)
+            rs = one / math.sqrt(q / c + eps)
+            if tid == 0:
+                mean[r] = mu
+                rstd[r] = rs
+            for j in range(tid, n, nt):     # the elements this thread wrote above
+                y = (s[r, j] - mu) * rs
+                if has_w:
+                    y *= w[j]
+                if has_b:
+                    y += b[j]
+                out[r, j] = y
+    add_layer_norm_forward.__name__ = f"add_layer_norm_forward_{dtype.name}"
+    return add_layer_norm_forward
+
+
+def _rms_norm_forward(dtype):
+    """out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps): one block per row."""
     acc, nb = dtype.type, NUMBA_FLOAT[dtype]
     zero, one = acc(0), acc(1)
     block_sum = device_helpers(acc)["block_sum"]
 
-    def layer_norm_backward_dx(g, x, mean, rstd, w, has_w, dx):
+    def rms_norm_forward(x, w, has_w, eps, out, rstd):
+        shq = cuda.shared.array(MAX_WARPS, nb)
+        rows, n = x.shape
+        tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+        inv_n = one / acc(n)
+        for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            q = zero
+            for j in range(tid, n, nt):
+                v = x[r, j]
+                q += v * v
+            q = block_sum(q, shq)
+            rs = one / math.sqrt(q * inv_n + eps)
+            if tid == 0:
+                rstd[r] = rs
+            for j in range(tid, n, nt):
+                y = x[r, j] * rs
+                if has_w:
+                    y *= w[j]
+                out[r, j] = y
+    rms_norm_forward.__name__ = f"rms_norm_forward_{dtype.name}"
+    return rms_norm_forward
+
+
+def _rms_norm_backward_dx(dtype):
+    """dx = rstd * (g*w - xhat * mean(g*w*xhat)), one block per row."""
+    acc, nb = dtype.type, NUMBA_FLOAT[dtype]
+    zero, one = acc(0), acc(1)
+    block_sum = device_helpers(acc)["block_sum"]
+
+    def rms_norm_backward_dx(g, x, rstd, w, has_w, dx):
+        shb = cuda.shared.array(MAX_WARPS, nb)
+        rows, n = x.shape
+        tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+        inv_n = one / acc(n)
+        for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            rs = rstd[r]
+            bsum = zero
+            for j in range(tid, n, nt):
+                gw = g[r, j] * w[j] if has_w else g[r, j]
+                bsum += gw * (x[r, j] * rs)
+            bsum = block_sum(bsum, shb) * inv_n
+            for j in range(tid, n, nt):
+                gw = g[r, j] * w[j] if has_w else g[r, j]
+                dx[r, j] = rs * (gw - x[r, j] * rs * bsum)
+    rms_norm_backward_dx.__name__ = f"rms_norm_backward_dx_{dtype.name}"
+    return rms_norm_backward_dx
+
+
+def _layer_norm_backward_dx(dtype):
+    """dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)) (+ gs when has_gs), one
+    block per row."""
+    acc, nb = dtype.type, NUMBA_FLOAT[dtype]
+    zero, one = acc(0), acc(1)
+    block_sum = device_helpers(acc)["block_sum"]
+
+    def layer_norm_backward_dx(g, x, mean, rstd, w, has_w, gs, has_gs, dx):
         sha = cuda.shared.array(MAX_WARPS, nb)
         shb = cuda.shared.array(MAX_WARPS, nb)
         rows, n = x.shape
@@ -95,7 +199,10 @@ def _layer_norm_backward_dx(dtype):
             bsum = block_sum(bsum, shb) * inv_n
             for j in range(tid, n, nt):
                 gw = g[r, j] * w[j] if has_w else g[r, j]
-                dx[r, j] = rs * (gw - a - (x[r, j] - mu) * rs * bsum)
+                d = rs * (gw - a - (x[r, j] - mu) * rs * bsum)
+                if has_gs:      # add_layer_norm: the gradient of s itself
+                    d += gs[r, j]
+                dx[r, j] = d
     layer_norm_backward_dx.__name__ = f"layer_norm_backward_dx_{dtype.name}"
     return layer_norm_backward_dx
 
@@ -241,6 +348,9 @@ def _batch_norm_backward(dtype):
 
 _FACTORIES = {"layer_norm_forward": _layer_norm_forward,
               "layer_norm_backward_dx": _layer_norm_backward_dx,
+              "add_layer_norm_forward": _add_layer_norm_forward,
+              "rms_norm_forward": _rms_norm_forward,
+              "rms_norm_backward_dx": _rms_norm_backward_dx,
               "layer_norm_param_partials": _layer_norm_param_partials,
               "sum_chunks": _sum_chunks, "channel_stats": _channel_stats,
               "channel_affine": _channel_affine, "batch_norm_backward": _batch_norm_backward}
@@ -251,7 +361,10 @@ def _signature(kind, dtype):
     v, m2, m3 = t[::1], t[:, ::1], t[:, :, ::1]
     flag = nbtypes.boolean
     return {"layer_norm_forward": (m2, v, v, flag, flag, t, m2, v, v),
-            "layer_norm_backward_dx": (m2, m2, v, v, v, flag, m2),
+            "layer_norm_backward_dx": (m2, m2, v, v, v, flag, m2, flag, m2),
+            "add_layer_norm_forward": (m2, m2, v, v, flag, flag, t, m2, m2, v, v),
+            "rms_norm_forward": (m2, v, flag, t, m2, v),
+            "rms_norm_backward_dx": (m2, m2, v, v, flag, m2),
             "layer_norm_param_partials": (m2, m2, v, v, m2, m2),
             "sum_chunks": (m2, m2, v, v),
             "channel_stats": (m3, v, v),
@@ -331,7 +444,10 @@ def layer_norm(x, w, b, eps):
 @register("layer_norm_backward", "cuda")
 def layer_norm_backward(g, x, mean, rstd, w):
     """Returns dx (rows, n), dw (n,), db (n,)."""
-    op = "layer_norm_backward"
+    return _layer_norm_dx_dw_db("layer_norm_backward", g, None, x, mean, rstd, w)
+
+
+def _layer_norm_dx_dw_db(op, g, g_sum, x, mean, rstd, w):
     _check_2d(x, op, "x")
     _check_same(g, x, op, "g", "x")
     dtype = check_float(x, op)
@@ -343,9 +459,21 @@ def layer_norm_backward(g, x, mean, rstd, w):
     mean = _stats(mean, rows, dtype, x, op, "mean")
     rstd = _stats(rstd, rows, dtype, x, op, "rstd")
     w_arr, has_w = _param(w, n, dtype, mean, op, "weight")
+    if g_sum is None:
+        gs_arr, has_gs = g, False           # (never read)
+    else:
+        _check_same(g_sum, x, op, "g_sum", "s")
+        gs_arr, has_gs = contiguous(g_sum, dtype), True
     _kernel("layer_norm_backward_dx", dtype)[row_blocks(rows), row_threads(n), stream()](
-        as_input(g), as_input(x), as_input(mean), as_input(rstd), as_input(w_arr), has_w, dx)
+        as_input(g), as_input(x), as_input(mean), as_input(rstd), as_input(w_arr), has_w,
+        as_input(gs_arr), has_gs, dx)
+    dw, db = _param_grads(g, x, mean, rstd, dtype)
+    return dx, dw, db
 
+
+def _param_grads(g, x, mean, rstd, dtype):
+    """Column sums of g * (x - mean) * rstd and of g over the rows of (rows, n) arrays."""
+    rows, n = x.shape
     chunks = max(1, min(MAX_CHUNKS, rows // ROWS_PER_CHUNK))
     dw_part, db_part = empty((chunks, n), dtype, x), empty((chunks, n), dtype, x)
     _kernel("layer_norm_param_partials", dtype)[(-(-n // COL_TILE), chunks),
@@ -355,7 +483,75 @@ def layer_norm_backward(g, x, mean, rstd, w):
     blocks, threads = launch_config(n)
     _kernel("sum_chunks", dtype)[blocks, threads, stream()](
         as_input(dw_part), as_input(db_part), dw, db)
-    return dx, dw, db
+    return dw, db
+
+
+@register("add_layer_norm", "cuda")
+def add_layer_norm(x, res, w, b, eps):
+    """x, res: (rows, n) of one dtype; w, b: (n,) or None.  Returns out, s = x + res,
+    mean (rows,), rstd (rows,) of s."""
+    op = "add_layer_norm"
+    _check_2d(x, op, "x")
+    _check_same(res, x, op, "res", "x")
+    dtype = check_float(x, op)
+    x, res = contiguous(x), contiguous(res, dtype)
+    rows, n = x.shape
+    mean, rstd = empty(rows, dtype, x), empty(rows, dtype, x)
+    out, s = empty((rows, n), dtype, x), empty((rows, n), dtype, x)
+    if rows == 0:
+        return out, s, mean, rstd
+    w_arr, has_w = _param(w, n, dtype, mean, op, "weight")
+    b_arr, has_b = _param(b, n, dtype, mean, op, "bias")
+    _kernel("add_layer_norm_forward", dtype)[row_blocks(rows), row_threads(n), stream()](
+        as_input(x), as_input(res), as_input(w_arr), as_input(b_arr), has_w, has_b,
+        dtype.type(eps), out, s, mean, rstd)
+    return out, s, mean, rstd
+
+
+@register("add_layer_norm_backward", "cuda")
+def add_layer_norm_backward(g, g_sum, s, mean, rstd, w):
+    """g: gradient of out; g_sum: gradient of s, or None.  Returns ds (rows, n), the
+    gradient of s from both outputs (that of x and of res), dw (n,), db (n,)."""
+    return _layer_norm_dx_dw_db("add_layer_norm_backward", g, g_sum, s, mean, rstd, w)
+
+
+@register("rms_norm", "cuda")
+def rms_norm(x, w, eps):
+    """x: (rows, n); w: (n,) or None.  Returns out, rstd (rows,)."""
+    op = "rms_norm"
+    _check_2d(x, op, "x")
+    dtype = check_float(x, op)
+    x = contiguous(x)
+    rows, n = x.shape
+    rstd = empty(rows, dtype, x)
+    out = empty((rows, n), dtype, x)
+    if rows == 0:
+        return out, rstd
+    w_arr, has_w = _param(w, n, dtype, rstd, op, "weight")
+    _kernel("rms_norm_forward", dtype)[row_blocks(rows), row_threads(n), stream()](
+        as_input(x), as_input(w_arr), has_w, dtype.type(eps), out, rstd)
+    return out, rstd
+
+
+@register("rms_norm_backward", "cuda")
+def rms_norm_backward(g, x, rstd, w):
+    """Returns dx (rows, n), dw (n,)."""
+    op = "rms_norm_backward"
+    _check_2d(x, op, "x")
+    _check_same(g, x, op, "g", "x")
+    dtype = check_float(x, op)
+    g, x = contiguous(g, dtype), contiguous(x)
+    rows, n = x.shape
+    dx = empty((rows, n), dtype, x)
+    if rows == 0 or n == 0:
+        return dx, zeros(n, dtype, x)
+    rstd = _stats(rstd, rows, dtype, x, op, "rstd")
+    w_arr, has_w = _param(w, n, dtype, rstd, op, "weight")
+    _kernel("rms_norm_backward_dx", dtype)[row_blocks(rows), row_threads(n), stream()](
+        as_input(g), as_input(x), as_input(rstd), as_input(w_arr), has_w, dx)
+    # dweight = column sums of g * x * rstd: layer_norm's kernels with a zero mean
+    dw, _ = _param_grads(g, x, zeros(rows, dtype, x), rstd, dtype)
+    return dx, dw
 
 
 @register("batch_norm_stats", "cuda")

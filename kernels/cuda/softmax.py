@@ -23,6 +23,12 @@ result is broadcast with ``shfl_sync``.  Blocks are always a multiple of 32
 threads.  numba's CUDA simulator (numba-cuda 0.30) has no warp shuffles;
 ``_simulator.py`` installs stand-ins, so the kernel code is the same.
 
+``scale_mask_softmax`` (OneFlow's fused_scale_mask_softmax) is the row kernel
+with a bool mask (True: keep) read through per-row offsets into the unbroadcast
+mask (``kernels/cpu/softmax.py`` ``mask_rows``): softmax of ``where(mask, x *
+scale, fill)``, and its backward, ``scale * y * (g - sum(g * y))`` where the
+mask keeps and 0 elsewhere.
+
 Accumulation is in the data's dtype: float32 for float32 (never float64 on a
 GPU: constants are typed float32 so nothing is promoted), float64 for float64.
 bfloat16/float16 tensors reach these kernels as float32 compute arrays.
@@ -33,7 +39,7 @@ import numpy as np
 from numba import cuda
 from numba import types as nbtypes
 
-from ..cpu.softmax import fused_args
+from ..cpu.softmax import fused_args, mask_rows
 from ..registry import register
 from . import elementwise as _ew
 from ._memory import (SIM_MAX_BLOCKS, SIM_THREADS, empty, is_device_array, is_host_array,  # noqa: F401
@@ -418,6 +424,73 @@ def _backward_cols(dtype, log):
     return softmax_backward_cols
 
 
+def _masked_softmax_rows(dtype):
+    """One block per row of x (rows, n): softmax of ``where(mask, x * scale,
+    fill)``, row r's mask element j at ``m[moff[r] + j * mcol]``."""
+    acc, nb = dtype.type, NUMBA_FLOAT[dtype]
+    zero, one, neg_inf = acc(0), acc(1), acc(-np.inf)
+    block_max_sum = device_helpers(acc)["block_max_sum"]
+
+    def masked_softmax_rows(x, out, m, moff, mcol, scale, fill):
+        shm = cuda.shared.array(MAX_WARPS, nb)
+        shs = cuda.shared.array(MAX_WARPS, nb)
+        rows, n = x.shape
+        tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+        for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            o = moff[r]
+            mx, s = neg_inf, zero
+            for j in range(tid, n, nt):
+                v = x[r, j] * scale if m[o + j * mcol] else fill
+                if v > mx:
+                    s = s * math.exp(mx - v) + one
+                    mx = v
+                elif mx != neg_inf or v != v:   # -inf adds nothing; NaN poisons the sum
+                    s += math.exp(v - mx)
+            mx, s = block_max_sum(mx, s, shm, shs)
+            inv = one / s
+            for j in range(tid, n, nt):
+                v = x[r, j] * scale if m[o + j * mcol] else fill
+                out[r, j] = math.exp(v - mx) * inv
+    masked_softmax_rows.__name__ = f"masked_softmax_rows_{dtype.name}"
+    return masked_softmax_rows
+
+
+def _masked_backward_rows(dtype):
+    """scale * y * (g - sum(g * y)) where the mask keeps, 0 where it does not
+    (the sum runs over the whole row: a finite fill leaves y > 0 there)."""
+    acc, nb = dtype.type, NUMBA_FLOAT[dtype]
+    zero = acc(0)
+    block_sum = device_helpers(acc)["block_sum"]
+
+    def masked_softmax_backward_rows(g, y, dx, m, moff, mcol, scale):
+        sh = cuda.shared.array(MAX_WARPS, nb)
+        rows, n = y.shape
+        tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+        for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            o = moff[r]
+            s = zero
+            for j in range(tid, n, nt):
+                s += g[r, j] * y[r, j]
+            s = block_sum(s, sh)
+            for j in range(tid, n, nt):
+                dx[r, j] = y[r, j] * (g[r, j] - s) * scale if m[o + j * mcol] else zero
+    masked_softmax_backward_rows.__name__ = f"masked_softmax_backward_rows_{dtype.name}"
+    return masked_softmax_backward_rows
+
+
+_MASKED_FACTORIES = {"masked_rows": _masked_softmax_rows,
+                     "masked_backward_rows": _masked_backward_rows}
+
+
+def _masked_signature(kind, dtype):
+    """(arrays..., m bool[::1], moff int64[::1], mcol int64, scale[, fill])."""
+    nb = NUMBA_FLOAT[dtype]
+    arr = nb[:, ::1]
+    arrays = (arr,) * (2 if kind == "masked_rows" else 3)
+    tail = (nb, nb) if kind == "masked_rows" else (nb,)
+    return arrays + (nbtypes.boolean[::1], nbtypes.int64[::1], nbtypes.int64) + tail
+
+
 # name -> (factory(dtype, log), ndim of the arrays, number of arrays, row kernel?)
 # Row kernels also take (scale, causal): scale in the data's dtype (a float64
 # parameter would put float64 instructions in a float32 kernel), causal int64.
@@ -440,6 +513,9 @@ def kernel_specs():
                 scalars = (NUMBA_FLOAT[dtype], nbtypes.int64) if rows else ()
                 specs.append((f"{kind} {dtype.name} log={log}", factory(dtype, log),
                               (arr,) * nargs + scalars))
+    for kind, factory in _MASKED_FACTORIES.items():
+        for dtype in FLOAT_DTYPES:
+            specs.append((f"{kind} {dtype.name}", factory(dtype), _masked_signature(kind, dtype)))
     return specs
 
 
@@ -450,7 +526,10 @@ def _kernel(kind, dtype, log):
     key = (kind, dtype, log)
     k = _kernels.get(key)
     if k is None:
-        k = _kernels[key] = cuda.jit(_FACTORIES[kind][0](dtype, log))
+        if kind in _MASKED_FACTORIES:
+            k = _kernels[key] = cuda.jit(_MASKED_FACTORIES[kind](dtype))
+        else:
+            k = _kernels[key] = cuda.jit(_FACTORIES[kind][0](dtype, log))
     return k
 
 
@@ -517,3 +596,56 @@ def softmax_backward(g, y, dim, scale=1.0, causal=False):
 @register("log_softmax_backward", "cuda")
 def log_softmax_backward(g, y, dim, scale=1.0, causal=False):
     return _run("log_softmax_backward", [g, y], dim, True, True, scale, causal)
+
+
+# ------------------------------------------------------------------ scale + bool mask
+def _mask_arrays(op, x, mask):
+    """The mask as a flat contiguous bool device array, the per-row offsets (on
+    x's device) and the column stride (see the CPU module's ``mask_rows``)."""
+    mshape, _, mdtype = _ew._describe(mask)
+    if np.dtype(mdtype) != np.bool_:
+        raise TypeError(f"{op}: mask must be bool (True: keep), got {np.dtype(mdtype)}")
+    moff, mcol = mask_rows(op, tuple(mshape), tuple(x.shape))
+    m = contiguous(mask).reshape(-1)
+    if is_host_array(m) and is_device_array(x):
+        m = to_device(np.ascontiguousarray(m), x)
+    return m, table(moff, np.int64, x), mcol
+
+
+@register("scale_mask_softmax", "cuda")
+def scale_mask_softmax(x, mask, scale=1.0, fill_value=-np.inf):
+    """softmax(where(mask, x * scale, fill_value), -1); mask bool, broadcasting to x."""
+    op = "scale_mask_softmax"
+    dtype = check_float(x, op)
+    m, moff, mcol = _mask_arrays(op, x, mask)
+    shape = tuple(x.shape)
+    out = empty(shape, dtype, x)
+    if out.size == 0:
+        return out
+    n = shape[-1]
+    rows = out.size // n
+    _kernel("masked_rows", dtype, False)[row_blocks(rows), row_threads(n), stream()](
+        as_input(contiguous(x).reshape(rows, n)), out.reshape(rows, n), as_input(m),
+        as_input(moff), mcol, dtype.type(scale), dtype.type(fill_value))
+    return out
+
+
+@register("scale_mask_softmax_backward", "cuda")
+def scale_mask_softmax_backward(g, y, mask, scale=1.0):
+    """The gradient of scale_mask_softmax with respect to x, from its output y."""
+    op = "scale_mask_softmax_backward"
+    dtype = check_float(g, op, "g")
+    shape = tuple(g.shape)
+    if tuple(y.shape) != shape or np.dtype(y.dtype) != dtype:
+        raise ValueError(f"{op}: y must match g ({shape}, {dtype}), got "
+                         f"{tuple(y.shape)}, {np.dtype(y.dtype)}")
+    m, moff, mcol = _mask_arrays(op, y, mask)
+    dx = empty(shape, dtype, g)
+    if dx.size == 0:
+        return dx
+    n = shape[-1]
+    rows = dx.size // n
+    _kernel("masked_backward_rows", dtype, False)[row_blocks(rows), row_threads(n), stream()](
+        as_input(contiguous(g).reshape(rows, n)), as_input(contiguous(y).reshape(rows, n)),
+        dx.reshape(rows, n), as_input(m), as_input(moff), mcol, dtype.type(scale))
+    return dx

@@ -11,7 +11,10 @@ __all__ = ["linear", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"
            "relu", "relu_", "gelu", "silu", "sigmoid", "tanh", "softmax", "log_softmax",
            "layer_norm", "batch_norm", "dropout", "embedding", "cross_entropy", "nll_loss",
            "mse_loss", "l1_loss", "binary_cross_entropy_with_logits",
-           "scaled_dot_product_attention", "pad", "one_hot"]
+           "scaled_dot_product_attention", "pad", "one_hot",
+           "rms_norm", "fused_add_layer_norm", "fused_bias_add_gelu", "fused_bias_dropout_add",
+           "fused_scale_mask_softmax",
+           "fused_scale_mask_softmax_dropout"]
 
 from .. import ops as _ops
 from ..ops._util import check_tensor as _check_tensor
@@ -100,6 +103,7 @@ layer_norm = _forward("layer_norm", "layer_norm(input, normalized_shape, weight=
 batch_norm = _forward("batch_norm", "batch_norm(input, running_mean, running_var, weight=None, "
                                     "bias=None, training=False, momentum=0.1, eps=1e-05); "
                                     "updates the running stats in place when training.")
+rms_norm = _forward("rms_norm", "rms_norm(input, normalized_shape, weight=None, eps=None).")
 dropout = _forward("dropout", "dropout(input, p=0.5, training=True, inplace=False).")
 embedding = _forward("embedding", "embedding(input, weight, padding_idx=None, max_norm=None, "
                                   "norm_type=2.0, scale_grad_by_freq=False, sparse=False).")
@@ -133,3 +137,11 @@ def __getattr__(name):
     if not name.startswith("__") and hasattr(_ops, name):
         return getattr(_ops, name)
     raise AttributeError(f"module 'pyflow.nn.functional' has no attribute '{name}'")
+
+
+# ------------------------------------------------------------------ fused ops
+# (pyflow's own, as OneFlow's flow._C.fused_*: one kernel pass for what PyTorch
+# code writes as several ops; each equals its unfused composition)
+from ..ops.fused import fused_bias_add_gelu, fused_bias_dropout_add  # noqa: E402
+from ..ops.normalization import fused_add_layer_norm  # noqa: E402
+from ..ops.softmax import fused_scale_mask_softmax, fused_scale_mask_softmax_dropout  # noqa: E402,E501

@@ -1,9 +1,16 @@
-"""layer_norm and batch_norm: forward and backward side by side.
+"""layer_norm, rms_norm, fused_add_layer_norm and batch_norm: forward and
+backward side by side.
 
-The forward kernels save mean and rstd = 1/sqrt(var + eps); the usual
-backward is one fused kernel giving dx, dweight and dbias.  When the backward
-itself is being recorded (double backward) the same formulas are written with
-pyflow ops, recomputing the statistics from x so they are differentiated too.
+The forward kernels save mean and rstd = 1/sqrt(var + eps) (rms_norm: rstd =
+1/sqrt(mean(x^2) + eps) alone); the usual backward is one fused kernel giving
+dx, dweight and dbias.  When the backward itself is being recorded (double
+backward) the same formulas are written with pyflow ops, recomputing the
+statistics from x so they are differentiated too.
+
+fused_add_layer_norm is a pre-LN transformer's ``s = x + residual; y =
+layer_norm(s)`` in one pass that writes both y and s (the residual stream
+carried on); its backward adds the gradient of s into layer_norm's dx in the
+same kernel, and hands that sum to both x and residual.
 
 batch_norm's running statistics are buffers: updated in place (``copy_``
 under ``no_grad``), outside autograd.  batch_norm is made of ops only
@@ -19,12 +26,14 @@ import numpy as np
 from .. import dtypes as _dt
 from ..autograd import GRAD_MODE, Context, Function, is_grad_enabled, no_grad, record
 from ..tensor import Tensor, host_tensor
-from ._util import (CPU_KERNELS, array_module, check_tensor, compute_array, cpu_kernel, kernel,
-                    local, wrap)
+from ._util import (CPU_KERNELS, array_module, check_same_device, check_tensor, compute_array,
+                    cpu_kernel, kernel, local, wrap)
 from ._util import replicated
-from ..distributed.signatures import layer_norm_rule
+from ..distributed.sbp import broadcast as _B
+from ..distributed.sbp import split as _S
+from ..distributed.signatures import Candidate, layer_norm_rule, rows_rule
 
-__all__ = ["layer_norm", "batch_norm"]
+__all__ = ["layer_norm", "rms_norm", "fused_add_layer_norm", "batch_norm"]
 
 
 def _maybe(t, dtype):
@@ -134,30 +143,173 @@ def _direct_layer_norm(input, normalized_shape, weight, bias, eps):
     return y
 
 
-def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """Normalize over the last ``len(normalized_shape)`` dims, then scale and shift."""
-    out = _direct_layer_norm(input, normalized_shape, weight, bias, eps)
-    if out is not None:
-        return out
-    check_tensor(input, "input", "layer_norm")
+def _check_norm_args(op, input, normalized_shape, **params):
+    """``normalized_shape`` as a tuple of ints, once ``input`` and the weight/bias
+    ``params`` (None allowed) are checked against it; errors name the argument."""
+    check_tensor(input, "input", op)
     if isinstance(normalized_shape, (int, np.integer)):
         normalized_shape = (int(normalized_shape),)
     normalized_shape = tuple(int(s) for s in normalized_shape)
     k = len(normalized_shape)
     if k == 0 or tuple(input.shape[input.ndim - k:]) != normalized_shape or k > input.ndim:
         raise RuntimeError(
-            f"layer_norm(): given normalized_shape={list(normalized_shape)}, expected input with "
+            f"{op}(): given normalized_shape={list(normalized_shape)}, expected input with "
             f"shape [*, {', '.join(map(str, normalized_shape))}], but got input of size "
             f"{list(input.shape)}")
-    for name, t in (("weight", weight), ("bias", bias)):
+    for name, t in params.items():
         if t is not None:
-            check_tensor(t, name, "layer_norm")
+            check_tensor(t, name, op)
             if tuple(t.shape) != normalized_shape:
-                raise RuntimeError(f"layer_norm(): expected {name} of shape "
+                raise RuntimeError(f"{op}(): expected {name} of shape "
                                    f"{list(normalized_shape)}, got {list(t.shape)}")
     if not input.dtype.is_floating_point:
-        raise RuntimeError(f"layer_norm(): expected a floating point input, got {input.dtype}")
+        raise RuntimeError(f"{op}(): expected a floating point input, got {input.dtype}")
+    return normalized_shape
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Normalize over the last ``len(normalized_shape)`` dims, then scale and shift."""
+    out = _direct_layer_norm(input, normalized_shape, weight, bias, eps)
+    if out is not None:
+        return out
+    normalized_shape = _check_norm_args("layer_norm", input, normalized_shape,
+                                        weight=weight, bias=bias)
     return LayerNorm.apply(input, weight, bias, normalized_shape, float(eps))
+
+
+# ------------------------------------------------------------------ rms_norm
+class RMSNorm(Function):
+    sbp_rule = rows_rule(lambda a: tuple(range(a[0].ndim - len(a[2]), a[0].ndim)))
+
+    @staticmethod
+    def forward(ctx, x, weight, normalized_shape, eps):
+        dt = x.dtype
+        x2 = _as_rows(compute_array(x, dt), len(normalized_shape))
+        out, rstd = kernel("rms_norm", x.device.type)(x2, _maybe(weight, dt), eps)
+        ctx.k, ctx.eps, ctx.rstd = len(normalized_shape), eps, rstd
+        ctx.save_for_backward(x, weight)
+        return wrap(out.reshape(x.shape), dt, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        if is_grad_enabled():
+            dx, dw = _rms_norm_grads(g, x, w, ctx.k, ctx.eps)
+        else:
+            dt = x.dtype
+            dx, dw = kernel("rms_norm_backward", x.device.type)(
+                _as_rows(compute_array(g, dt), ctx.k), _as_rows(compute_array(x, dt), ctx.k),
+                ctx.rstd, _maybe(w, dt))
+            nshape = x.shape[x.ndim - ctx.k:]
+            dx = wrap(dx.reshape(x.shape), dt, x.device)
+            dw = wrap(dw if dw.shape == nshape else dw.reshape(nshape), dt, x.device)
+        return (dx, _grad_as(dw, w) if w is not None and ctx.needs_input_grad[1] else None,
+                None, None)
+
+
+def _rms_norm_grads(g, x, w, k, eps):
+    """The backward with ops (differentiable again): rstd recomputed from x."""
+    dims = tuple(range(x.ndim - k, x.ndim))
+    lead = tuple(range(x.ndim - k))
+    rstd = ((x * x).mean(dims, keepdim=True) + eps).rsqrt()
+    xhat = x * rstd
+    gw = g if w is None else g * w
+    dx = rstd * (gw - xhat * (gw * xhat).mean(dims, keepdim=True))
+    dw = g * xhat
+    return dx, dw.sum(lead) if lead else dw
+
+
+# machine epsilon per dtype: rms_norm's default eps, as torch.finfo(dtype).eps
+_EPS = {_dt.float32: float(np.finfo(np.float32).eps), _dt.float64: float(np.finfo(np.float64).eps),
+        _dt.float16: float(np.finfo(np.float16).eps), _dt.bfloat16: 2.0 ** -7}
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    """``input * rsqrt(mean(input^2) + eps) * weight``, the mean over the last
+    ``len(normalized_shape)`` dims, as ``torch.nn.functional.rms_norm``; ``eps``
+    None is the machine epsilon of input's dtype (``torch.finfo(dtype).eps``)."""
+    normalized_shape = _check_norm_args("rms_norm", input, normalized_shape, weight=weight)
+    eps = _EPS[input.dtype] if eps is None else float(eps)
+    return RMSNorm.apply(input, weight, normalized_shape, eps)
+
+
+# ------------------------------------------------------------------ fused_add_layer_norm
+def _add_layer_norm_rule(args):
+    """Split on a dim neither normalized: x and residual split alike, weight and bias
+    replicated, out and sum split like them."""
+    x, k = args[0], len(args[4])
+    params = (_B,) * sum(1 for p in args[2:4] if p is not None)
+    c = [Candidate((_S(d), _S(d)) + params, (_S(d), _S(d))) for d in range(x.ndim - k)]
+    c.append(Candidate((_B, _B) + params, (_B, _B)))
+    return c
+
+
+class FusedAddLayerNorm(Function):
+    """(layer_norm(x + residual), x + residual); both outputs carry gradients."""
+    sbp_rule = _add_layer_norm_rule
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, normalized_shape, eps):
+        dt, k = x.dtype, len(normalized_shape)
+        out, s, mean, rstd = kernel("add_layer_norm", x.device.type)(
+            _as_rows(compute_array(x, dt), k), _as_rows(compute_array(residual, dt), k),
+            _maybe(weight, dt), _maybe(bias, dt), eps)
+        out = wrap(out.reshape(x.shape), dt, x.device)
+        total = wrap(s.reshape(x.shape), dt, x.device)
+        # s in the compute dtype: float16/bfloat16 statistics were taken before the
+        # sum was rounded to storage (for float32/64 it is total's own array)
+        ctx.k, ctx.eps, ctx.s, ctx.mean, ctx.rstd = k, eps, s, mean, rstd
+        ctx.has_bias = bias is not None
+        ctx.set_materialize_grads(False)    # an unused output adds nothing (no zeros pass)
+        # the sum itself, not x and residual: double backward reaches both through
+        # its gradient, and one tensor is kept instead of two
+        ctx.save_for_backward(total, weight)
+        return out, total
+
+    @staticmethod
+    def backward(ctx, g_out, g_sum):
+        s, w = ctx.saved_tensors
+        dw = db = None
+        if g_out is None:
+            ds = g_sum
+        elif is_grad_enabled():
+            ds, dw, db = _layer_norm_grads(g_out, s, w, ctx.k, ctx.eps)
+            if g_sum is not None:
+                ds = ds + g_sum
+        else:
+            dt, k = s.dtype, ctx.k
+            ds, dw, db = kernel("add_layer_norm_backward", s.device.type)(
+                _as_rows(compute_array(g_out, dt), k),
+                None if g_sum is None else _as_rows(compute_array(g_sum, dt), k),
+                ctx.s, ctx.mean, ctx.rstd, _maybe(w, dt))
+            nshape = s.shape[s.ndim - k:]
+            ds = wrap(ds.reshape(s.shape), dt, s.device)
+            dw = wrap(dw if dw.shape == nshape else dw.reshape(nshape), dt, s.device)
+            db = wrap(db if db.shape == nshape else db.reshape(nshape), dt, s.device)
+        # the sum's derivative by x and by residual is the identity: one gradient for both
+        return (ds, ds,
+                _grad_as(dw, w) if dw is not None and w is not None and ctx.needs_input_grad[2]
+                else None,
+                _grad_as(db, w) if db is not None and ctx.has_bias and ctx.needs_input_grad[3]
+                else None,
+                None, None)
+
+
+def fused_add_layer_norm(input, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """``(layer_norm(input + residual, normalized_shape, weight, bias, eps), input +
+    residual)`` from one kernel pass.  input and residual must have the same shape,
+    dtype and device (no broadcasting: the sum is the residual stream itself)."""
+    op = "fused_add_layer_norm"
+    normalized_shape = _check_norm_args(op, input, normalized_shape, weight=weight, bias=bias)
+    check_tensor(residual, "residual", op)
+    if tuple(residual.shape) != tuple(input.shape):
+        raise RuntimeError(f"{op}(): expected residual of the shape of input "
+                           f"{list(input.shape)}, got {list(residual.shape)}")
+    if residual.dtype is not input.dtype:
+        raise RuntimeError(f"{op}(): expected residual of input's dtype {input.dtype}, got "
+                           f"{residual.dtype}")
+    check_same_device(op, ("input", input), residual=residual, weight=weight, bias=bias)
+    return FusedAddLayerNorm.apply(input, residual, weight, bias, normalized_shape, float(eps))
 
 
 # ------------------------------------------------------------------ batch_norm

@@ -4,9 +4,9 @@ forward and backward, against the single-rank result (``run_case`` of
 sbp_ops_worker.py, which tests the op families and their deduction).
 
 ``CASES`` names one call per Function class (each unary elementwise op by
-itself); a class that is only ever created by another op's backward is listed
-in ``HELPERS`` with the op whose backward creates it, and random ops in
-``ELSEWHERE`` with where they are tested.  The first check fails when a
+itself; the random ones at p = 1); a class that is only ever created by
+another op's backward is listed in ``HELPERS`` with the op whose backward
+creates it, and what is not an SBP op in ``ELSEWHERE``.  The first check fails when a
 Function class is in none of them, so a new op cannot skip this sweep.
 Ends with ``rank r: N checks, F failures``.
 """
@@ -20,8 +20,11 @@ from tests.distributed.sbp_ops_worker import F, SIZE, check, pyflow, run_case  #
 from pyflow.autograd import Function  # noqa: E402
 from pyflow.ops import elementwise as ew  # noqa: E402
 from pyflow.ops.attention import FusedAttention  # noqa: E402
+from pyflow.ops.fused import FusedBiasDropoutAdd  # noqa: E402
 from pyflow.ops.loss import TargetWeightSum  # noqa: E402
-from pyflow.ops.normalization import BatchNormStats  # noqa: E402
+from pyflow.ops.normalization import BatchNormStats, fused_add_layer_norm, rms_norm  # noqa: E402
+from pyflow.ops.softmax import (fused_scale_mask_softmax,  # noqa: E402
+                                fused_scale_mask_softmax_dropout)
 
 n = SIZE
 
@@ -110,16 +113,33 @@ CASES = {
                      + F.scaled_dot_product_attention(a, a, a, is_causal=True), [(n, 2 * n)], ()),
     "FusedAttention": (lambda q, k, v: FusedAttention.apply(q, k, v, None, 0.5, True),
                        [(n, 3, 4), (n, 3, 4), (n, 3, 2)], ()),
+    "Dropout": (lambda x: F.dropout(x, 1.0) + x, [(n, 2 * n)], ()),
+    "RMSNorm": (lambda x, w: rms_norm(x, (2 * n,), w), [(n, 2 * n), (2 * n,)], ()),
+    "FusedAddLayerNorm": (lambda x, r, w, b: pyflow.stack(list(fused_add_layer_norm(
+        x, r, (2 * n,), w, b))), [(n, 2 * n), (n, 2 * n), (2 * n,), (2 * n,)], ()),
+    "FusedScaleMaskSoftmax": (lambda x: fused_scale_mask_softmax(
+        x, pyflow.tensor([[True, False] * n] * n), 0.5), [(n, 2 * n)], ()),
+    # p = 1: every element dropped whatever a piece's mask (random masks: ELSEWHERE)
+    "FusedScaleMaskSoftmaxDropout": (lambda x: pyflow.stack(list(
+        fused_scale_mask_softmax_dropout(x, pyflow.tensor([[True, False] * n] * n), 0.5,
+                                         p=1.0))), [(n, 2 * n)], ()),
+    "FusedElementwise": (lambda x, b: F.fused_bias_add_gelu(x, b), [(n, 2 * n), (2 * n,)], ()),
+    # p = 1 keeps no element on any rank, so the result (x + b) * 0 + r and its
+    # gradients are the same whatever mask a piece draws (random masks: ELSEWHERE)
+    "FusedBiasDropoutAdd": (lambda x, b, r: FusedBiasDropoutAdd.apply(x, b, r, 1.0, 5),
+                            [(n, 2 * n), (2 * n,), (n, 2 * n)], ()),
 }
 # Created only by another op's backward (the op named), so swept with it.
 HELPERS = {"SliceScatter": "SliceView", "Conv2dInputGrad": "Conv2d",
            "Conv2dWeightGrad": "Conv2d", "PoolScatter": "MaxPool2d", "PoolGather": "MaxPool2d",
            "AvgPool2dBackward": "AvgPool2d", "EmbeddingBackward": "Embedding",
-           "IndexAccumulate": "Index", "NLLLossBackward": "NLLLoss", "_Unary": "every unary op"}
+           "IndexAccumulate": "Index", "NLLLossBackward": "NLLLoss", "_Unary": "every unary op",
+           "MaskedScale": "Dropout"}
 # Random or device ops, tested elsewhere (their masks must agree across ranks).
-ELSEWHERE = {"MaskedScale": "tests/distributed/global2d_worker.py (dropout)",
-             "Dropout": "tests/distributed/global2d_worker.py (dropout)",
-             "ToDevice": "not an SBP op: a device copy"}
+# (A random op's mask on a split piece is drawn from that piece's own element
+# indices, so for 0 < p < 1 it differs from one rank's: the sweep runs the
+# dropout ops at p = 1, where no element is kept whatever the mask.)
+ELSEWHERE = {"ToDevice": "not an SBP op: a device copy"}
 DOMAIN = {"log": positive, "sqrt": positive, "rsqrt": positive, "reciprocal": positive}
 
 

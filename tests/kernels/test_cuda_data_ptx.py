@@ -82,6 +82,9 @@ def _specs():
         add(dropout, "masked_scale", (a(t), a(t), a(B), t, t), f"masked_scale {t}")
         add(dropout, "dropout_philox", (a(t), a(B), a(t), i64, F32, t, t, W32, W32, W32, W32),
             f"dropout_philox {t}")
+        add(dropout, "bias_dropout_add_philox", (a(t), a(B), a(t), a(t), a(t), B, B, i64, F32,
+                                                 t, t, W32, W32, W32, W32),
+            f"bias_dropout_add_philox {t}")
     add(dropout, "philox_words", (a(W32),) + (W32,) * 6)
     # cast (bfloat16 bit kernels; the rest are copies)
     add(cast, "f32_bits_to_bf16", (a(W16), a(W32)))

@@ -28,7 +28,8 @@ only grow by their producers, so each group has exactly one result, made by
 its last node, and the fused node takes that node's place and output Value.
 Groups of one node stay as they are.
 
-The fused ``Function``: ``forward`` calls
+The fused ``Function`` (``FusedElementwise`` in ``pyflow/ops/fused.py``, an op
+like any other, which ``F.fused_bias_add_gelu`` calls in eager mode too): ``forward`` calls
 ``kernel("fused_elementwise", device)(expr, *operands)`` (the expression is a
 hashable tuple, see ``kernels/cpu/fused.py``; numbers are operands too, so a
 graph's constants do not compile kernels of their own).  It saves only the
@@ -39,12 +40,9 @@ broadcast dimensions (``unbroadcast``).  The backward is not differentiable
 again: asking for it (``create_graph=True``) raises a clear error.
 """
 from ... import dtypes as _dt
-from ...autograd import Function, is_grad_enabled
 from ...ops import elementwise as _ew
-from ...ops._util import compute_array, kernel, unbroadcast, wrap
-from ...tensor import Tensor
+from ...ops.fused import FusedElementwise, fused_function
 from ..ir import Node, Value
-from ...distributed.signatures import elementwise_rule
 
 __all__ = ["fuse_elementwise", "find_groups", "candidate", "FusedElementwise",
            "fused_function"]
@@ -179,95 +177,3 @@ def fuse_elementwise(graph):
                       + (": " + ", ".join(lines[:6]) + (" ..." if len(lines) > 6 else "")
                          if lines else "")))
     return g
-
-
-# ------------------------------------------------------------------ the fused op
-class FusedElementwise(Function):
-    """Base of the generated fused ops; subclasses set ``program`` and ``scalars``
-    (see ``kernels/cpu/fused.py`` for the expression format)."""
-    sbp_rule = elementwise_rule()
-    program = ()
-    scalars = ()
-
-    @classmethod
-    def _operands(cls, args):
-        if len(args) != len(cls.scalars):
-            raise TypeError(f"{cls.__name__}: expected {len(cls.scalars)} arguments, "
-                            f"got {len(args)}")
-        tensors = [a for a in args if isinstance(a, Tensor)]
-        for i, (a, s) in enumerate(zip(args, cls.scalars)):
-            if s != (not isinstance(a, Tensor)):
-                raise TypeError(f"{cls.__name__}: argument {i} must be "
-                                f"{'a number' if s else 'a Tensor'}, got {type(a).__name__}")
-        first = tensors[0]
-        for t in tensors[1:]:
-            if t.dtype is not first.dtype or t.device != first.device:
-                raise TypeError(f"{cls.__name__}: every tensor must be {first.dtype.name} on "
-                                f"{first.device}, got {t.dtype.name} on {t.device}")
-        return first.dtype, first.device
-
-    @classmethod
-    def forward(cls, ctx, *args):
-        dtype, device = cls._operands(args)
-        ctx.save_for_backward(*(a if isinstance(a, Tensor) else None for a in args))
-        ctx.scalars = args
-        operands = [compute_array(a, dtype) if isinstance(a, Tensor) else a for a in args]
-        out = kernel("fused_elementwise", device.type)((cls.program, cls.scalars, None),
-                                                       *operands)
-        return wrap(out, dtype, device)
-
-    @classmethod
-    def backward(cls, ctx, g):
-        if is_grad_enabled():
-            raise RuntimeError(
-                f"{cls.__name__} (a fused elementwise node) has no differentiable backward: "
-                f"create_graph=True / double backward through it is not supported; compile "
-                f"the graph without elementwise fusion")
-        saved = ctx.saved_tensors
-        args = [s if isinstance(a, Tensor) else a for s, a in zip(saved, ctx.scalars)]
-        dtype, device = cls._operands(args)
-        operands = [compute_array(g, dtype)] + [compute_array(a, dtype) if isinstance(a, Tensor)
-                                                else a for a in args]
-        run = kernel("fused_elementwise", device.type)
-        needs = ctx.needs_input_grad
-        used = {r for _, refs in cls.program for r in refs}
-        same = cls._same_gradient()
-        grads, done = [], {}
-        for k, a in enumerate(args):
-            if isinstance(a, Tensor) and k in used and (k >= len(needs) or needs[k]):
-                full = done.get(same[k])
-                if full is None:        # operands with one gradient program share its run
-                    full = done[same[k]] = wrap(run((cls.program, cls.scalars, k), *operands),
-                                                dtype, device)
-                grads.append(unbroadcast(full, a.shape))
-            else:
-                grads.append(None)
-        return tuple(grads)
-
-    @classmethod
-    def _same_gradient(cls):
-        """{operand index: the first operand whose gradient program is the same}
-        (``a + b``'s two operands, or ``relu(a + b)``'s): one kernel run serves
-        them all, as eager's add hands one gradient to both of its inputs."""
-        same = cls.__dict__.get("_same")
-        if same is None:
-            from ...kernels.cpu.fused import gradient_key     # pure: the generated source
-            first = {}
-            same = cls._same = {k: first.setdefault(
-                gradient_key((cls.program, cls.scalars, k)), k)
-                for k, s in enumerate(cls.scalars) if not s}
-        return same
-
-
-_classes = {}
-
-
-def fused_function(program, scalars):
-    """The ``FusedElementwise`` subclass of an expression (one per expression)."""
-    key = (program, scalars)
-    cls = _classes.get(key)
-    if cls is None:
-        name = "Fused[" + "+".join(op for op, _ in program) + "]"
-        cls = _classes[key] = type(name, (FusedElementwise,),
-                                   {"program": program, "scalars": scalars})
-    return cls

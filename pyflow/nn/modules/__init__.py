@@ -6,12 +6,12 @@ from .dropout import Dropout
 from .flatten import Flatten, Unflatten
 from .linear import Identity, Linear
 from .loss import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss, NLLLoss
-from .normalization import BatchNorm1d, BatchNorm2d, LayerNorm
+from .normalization import BatchNorm1d, BatchNorm2d, LayerNorm, RMSNorm
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from .sparse import Embedding
 
 __all__ = ["GELU", "LogSoftmax", "ReLU", "Sigmoid", "SiLU", "Softmax", "Tanh", "ModuleDict",
            "ModuleList", "Sequential", "Conv2d", "Dropout", "Flatten", "Unflatten", "Identity",
            "Linear", "BCEWithLogitsLoss", "CrossEntropyLoss", "L1Loss", "MSELoss", "NLLLoss",
-           "BatchNorm1d", "BatchNorm2d", "LayerNorm", "AdaptiveAvgPool2d", "AvgPool2d",
-           "MaxPool2d", "Embedding"]
+           "BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm", "AdaptiveAvgPool2d",
+           "AvgPool2d", "MaxPool2d", "Embedding"]

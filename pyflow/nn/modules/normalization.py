@@ -1,4 +1,4 @@
-"""BatchNorm1d/2d and LayerNorm.
+"""BatchNorm1d/2d, LayerNorm and RMSNorm.
 
 BatchNorm keeps ``running_mean``/``running_var`` buffers (updated by the
 functional op while training) and ``num_batches_tracked``, which gives the
@@ -10,12 +10,13 @@ import numbers
 from ... import dtypes as _dt
 from ... import ops
 from ...autograd import no_grad
+from ...ops.normalization import rms_norm
 from .. import functional as F
 from .. import init
 from ..module import Module
 from ..parameter import Parameter
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm"]
 
 
 class _BatchNorm(Module):
@@ -159,3 +160,34 @@ class LayerNorm(Module):
     def extra_repr(self):
         return (f"{self.normalized_shape}, eps={self.eps}, "
                 f"elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}")
+
+
+class RMSNorm(Module):
+    """Divide by the root mean square over the last ``len(normalized_shape)`` dims,
+    then scale (``torch.nn.RMSNorm``); ``eps`` None is the machine epsilon of the
+    input's dtype."""
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None,
+                 dtype=None):
+        super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = Parameter(ops.empty(*self.normalized_shape, dtype=dtype, device=device))
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        if self.elementwise_affine:
+            init.ones_(self.weight)
+
+    def forward(self, input):
+        return rms_norm(input, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self):
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}")
