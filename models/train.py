@@ -18,8 +18,10 @@ linear warm-up then a cosine decay to 1/10 (``LambdaLR``).  ``--graph`` runs the
 step as a ``pyflow.nn.Graph`` (forward, backward and update compiled once).
 ``--amp bf16`` runs forward and loss under ``pyflow.autocast`` (bfloat16
 matrix products, float32 losses), eager or graph; ``--amp fp16`` under
-float16 autocast with a ``pyflow.amp.GradScaler`` (eager mode only: graphs
-have no loss scaler yet), whose state the checkpoint keeps.
+float16 autocast with a ``pyflow.amp.GradScaler``, whose state the checkpoint
+keeps.  In graph mode the graph traces under autocast
+(``graph.config.enable_amp``) and does the scaler's steps
+(``graph.set_grad_scaler``).
 
 Parallelism: ``--parallel dp`` in eager mode is ``DistributedDataParallel``;
 in graph mode, and for ``--parallel tp|hybrid``, the parameters become global
@@ -208,9 +210,6 @@ def parse_args(argv=None):
         parser.error("--data digits is for --model mlp")
     if args.lr is None:
         args.lr = DEFAULT_LR[args.optimizer]
-    if args.amp == "fp16" and args.graph:
-        parser.error("--amp fp16 needs --eager: a graph has no loss scaler yet (--amp bf16 "
-                     "needs none and runs in graph mode)")
     return args
 
 
@@ -376,15 +375,17 @@ def autocast(amp, device):
 class TrainGraph(nn.Graph):
     """One training step (forward, backward, update, LR step) as a static graph."""
 
-    def __init__(self, model, optimizer, scheduler, amp="none", device="cpu"):
+    def __init__(self, model, optimizer, scheduler, amp="none", scaler=None):
         super().__init__()
         self.model = model
-        self.amp, self.device = amp, device
         self.add_optimizer(optimizer, lr_sch=scheduler)
+        # the forward is traced under autocast, with the casts it makes
+        self.config.enable_amp(amp != "none", dtype=AMP_DTYPES.get(amp))
+        if scaler is not None and scaler.is_enabled():
+            self.set_grad_scaler(scaler)    # seeds the backward, steps and updates
 
     def build(self, x, y):
-        with autocast(self.amp, self.device):   # traced with the casts it makes
-            loss = loss_of(self.model, x, y)
+        loss = loss_of(self.model, x, y)
         loss.backward()
         return loss
 
@@ -679,7 +680,7 @@ def setup(args):
     if world_size > 1 and layout is None:
         from pyflow.nn.parallel import DistributedDataParallel
         train_model = DistributedDataParallel(model, comm=comm)
-    graph = (TrainGraph(model, optimizer, scheduler, args.amp, args.device) if args.graph
+    graph = (TrainGraph(model, optimizer, scheduler, args.amp, scaler) if args.graph
              else None)
     n_params = sum(p.numel() for p in model.parameters())
     log = Log(args.out, start) if rank == 0 else Log(None, 0)

@@ -35,10 +35,10 @@ pyflow.tensor
 pyflow.autograd
 pyflow.random pyflow.ops
 pyflow.distributed pyflow.runtime
-pyflow.optim
+pyflow.optim pyflow.amp
 pyflow.graph
 pyflow.nn pyflow.utils
-pyflow pyflow.backends pyflow.cuda pyflow.amp
+pyflow pyflow.backends pyflow.cuda
 """.strip().splitlines()
 
 

@@ -26,7 +26,7 @@ from enum import Enum
 import numpy as np
 
 from .. import dtypes as _dt
-from ..device import device as _device_cls
+from ..device import backend_of, device as _device_cls
 from ..ops._util import kernel
 from ..ops.creation import tensor
 from ..tensor import Tensor
@@ -87,8 +87,7 @@ class GradScaler:
         self._device = dev_type
         self._enabled = bool(enabled)
         if dev_type == "cuda" and self._enabled:
-            from .. import cuda
-            if not cuda.is_available():
+            if backend_of("cuda").unavailable_reason() is not None:    # cuda.is_available()
                 warnings.warn("pyflow.amp.GradScaler is enabled, but CUDA is not "
                               "available.  Disabling.", stacklevel=2)
                 self._enabled = False
@@ -135,9 +134,17 @@ class GradScaler:
         return apply(outputs)
 
     def _scale_on(self, dev):
+        return tensor(self._scale_value(), dtype=_dt.float32, device=dev)
+
+    def _scale_value(self):
+        """The factor ``scale`` multiplies by (1.0 when disabled): the scale, set
+        from ``init_scale`` on first use.  A graph's backward seed reads it
+        (``Graph.set_grad_scaler``), since build() calls ``loss.backward()``."""
+        if not self._enabled:
+            return 1.0
         if self._scale is None:
             self._scale = _f32(self._init_scale)
-        return tensor(self._scale, dtype=_dt.float32, device=dev)
+        return self._scale
 
     def _require_scale(self, funcname):
         if self._scale is None:

@@ -195,24 +195,32 @@ def split_for_accumulation(inputs, n):
 def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
                  executor="actors", fuse_elementwise=True, fuse_add_to_output=False,
                  fuse_model_update=False, in_place=True, fuse_actor_chains=True, kernel_plan=True,
-                 cuda_graphs=True, fuse_attention=True):
+                 cuda_graphs=True, fuse_attention=True, grad_scaler=None):
     """Trace ``build`` and return the Plan for this input signature.  (The trace
-    draws from private copies of the generators: it shifts no random stream.)"""
+    draws from private copies of the generators: it shifts no random stream.)
+    With a ``grad_scaler`` the backward is seeded with its scale, read at run
+    time, and its ``step``/``update`` do the optimizers' updates."""
+    if grad_scaler is not None and not optimizers:
+        raise RuntimeError("set_grad_scaler: the graph has no optimizer (add_optimizer) for "
+                           "the scaler to step")
     graph = trace(build, split_for_accumulation(inputs, accumulation), state_names)
     if optimizers and graph.backward is None:
         raise RuntimeError("the graph has an optimizer (add_optimizer) but build() never calls "
                            "loss.backward()")
+    loss_scale = 1.0 / accumulation if grad_scaler is None else \
+        passes.LossScale(grad_scaler, accumulation)
     stages = [("trace", graph)]
-    for name, run in (("fuse_attention", passes.fuse_attention if fuse_attention
+    for name, run in (("remove_redundant_casts", passes.remove_redundant_casts),
+                      ("fuse_attention", passes.fuse_attention if fuse_attention
                        else _skipped("fuse_attention")),
                       ("fuse_elementwise", passes.fuse_elementwise if fuse_elementwise
                        else _skipped("fuse_elementwise")),
                       ("fuse_add_to_output", passes.fuse_add_to_output if fuse_add_to_output
                        else _skipped("fuse_add_to_output")),
                       ("insert_boxing", passes.insert_boxing),
-                      ("autograd", lambda g: passes.autograd(g, 1.0 / accumulation)),
+                      ("autograd", lambda g: passes.autograd(g, loss_scale)),
                       ("accumulate_slice_grads", passes.accumulate_slice_grads),
-                      ("optimizer", lambda g: passes.add_update(g, optimizers)),
+                      ("optimizer", lambda g: passes.add_update(g, optimizers, grad_scaler)),
                       ("fuse_model_update", passes.fuse_model_update if fuse_model_update
                        else _skipped("fuse_model_update")),
                       ("constant_folding", passes.constant_folding),

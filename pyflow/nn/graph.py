@@ -37,6 +37,7 @@ With an optimizer the graph runs forward, backward and the update in one go:
 gradients are recomputed on every call (there is no ``zero_grad`` to forget)
 and left in ``.grad`` as eager mode would leave them.
 """
+import contextlib
 import itertools
 import math
 import operator
@@ -57,6 +58,8 @@ class GraphConfig:
 
     def __init__(self):
         self.fuse_attention = False
+        self.amp = False
+        self.amp_dtype = None
         self.fuse_elementwise = True
         self.fuse_add_to_output = False
         self.fuse_model_update_ops = True
@@ -68,11 +71,39 @@ class GraphConfig:
         self.executor = "actors"
         self.plan_cache_size = 64
 
-    def enable_amp(self, mode=True):
-        if mode:
-            raise NotImplementedError(
-                "graph.config.enable_amp(True): mixed precision arrives with pyflow's AMP "
-                "support (a later issue); graphs run in the tensors' own dtypes until then")
+    def enable_amp(self, mode=True, *, dtype=None):
+        """Mixed precision (OneFlow's ``enable_amp``): build() is traced under
+        ``pyflow.autocast`` on every device type, with ``dtype`` (bfloat16 or
+        float16; default autocast's own: bfloat16 on cpu, float16 on cuda), so
+        the plan holds the casts autocast makes: matrix products and
+        convolutions in ``dtype``, losses and every other op as the op lists of
+        docs/amp.md say, parameters (the master weights) and their updates in
+        float32.  The graph passes then remove casts that change nothing
+        (``pyflow.graph.passes.casts``).  float16 training loses small
+        gradients without a loss scaler: give the graph one with
+        ``set_grad_scaler``."""
+        if not isinstance(mode, bool):
+            raise TypeError(f"enable_amp: mode must be a bool, got {type(mode).__name__}")
+        if dtype is not None:
+            from .. import dtypes as _dt
+            given = dtype
+            try:
+                dtype = _dt.as_dtype(dtype)
+            except (TypeError, ValueError):
+                dtype = None
+            if dtype not in (_dt.bfloat16, _dt.float16):
+                raise TypeError(f"enable_amp: dtype must be pyflow.bfloat16 or pyflow.float16, "
+                                f"got {given!r}")
+        self.amp = mode
+        self.amp_dtype = dtype
+
+    def amp_context(self):
+        """The autocast contexts build() is traced in (none when amp is off)."""
+        from ..amp.autocast import DTYPES, autocast
+        if not self.amp:
+            return []
+        return [autocast(dev, dtype=self.amp_dtype if self.amp_dtype in DTYPES[dev] else None)
+                for dev in DTYPES]
 
     def allow_fuse_attention(self, mode=True):
         """Attention written as matmul, scale, masked_fill, softmax, matmul runs
@@ -161,6 +192,7 @@ class Graph:
     def __init__(self):
         self.config = GraphConfig()
         self._optimizers = []
+        self._grad_scaler = None
         self._plans = {}            # signature -> Plan, in the order they were compiled
         self._ticks = itertools.count()     # Plan.last_call: the LRU order
         self._captured = []         # the objects the plans captured (see _walk)
@@ -176,6 +208,23 @@ class Graph:
             raise TypeError(f"add_optimizer: expected a pyflow.optim.Optimizer, got "
                             f"{type(optimizer).__name__}")
         self._optimizers.append((optimizer, lr_sch))
+
+    def set_grad_scaler(self, grad_scaler):
+        """Dynamic loss scaling in the compiled step, as OneFlow's
+        ``set_grad_scaler``: a ``pyflow.amp.GradScaler`` whose scale seeds the
+        backward of ``loss.backward()`` (build() calls it unscaled), and whose
+        ``step`` and ``update`` replace the optimizer's update nodes: gradients
+        are unscaled and checked for inf/nan in one multi-tensor kernel, the
+        update is skipped when any overflowed (``grad_scaler.last_step_skipped``),
+        and the scale backs off or grows, exactly as the eager loop
+        ``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()``
+        does.  For float16 training (``config.enable_amp(dtype=pyflow.float16)``)."""
+        from ..amp import GradScaler
+        if not isinstance(grad_scaler, GradScaler):
+            raise TypeError(f"set_grad_scaler: expected a pyflow.amp.GradScaler, got "
+                            f"{type(grad_scaler).__name__}")
+        self._grad_scaler = grad_scaler
+        self._plans.clear()             # the plans' backward seeds and updates change
 
     # ------------------------------------------------------------- compile
     def _modules(self):
@@ -248,7 +297,8 @@ class Graph:
         c = self.config
         return (tuple(parts), modes, c.gradient_accumulation_steps, c.executor,
                 c.fuse_elementwise, c.fuse_add_to_output, c.fuse_model_update_ops, c.in_place,
-                c.fuse_actor_chains, c.kernel_plan, c.cuda_graphs, c.fuse_attention)
+                c.fuse_actor_chains, c.kernel_plan, c.cuda_graphs, c.fuse_attention, c.amp,
+                c.amp_dtype)
 
     def compile(self, *args):
         """The Plan for ``args``' signature (compiling it if new)."""
@@ -264,18 +314,32 @@ class Graph:
         if plan is None:
             from ..graph.plan import compile_plan
             names = self._state_names()
-            plan = compile_plan(self.build, args, names, self._optimizers,
+            plan = compile_plan(self._build_traced(), args, names, self._optimizers,
                                 self.config.gradient_accumulation_steps, self.config.executor,
                                 self.config.fuse_elementwise, self.config.fuse_add_to_output,
                                 self.config.fuse_model_update_ops, self.config.in_place,
                                 self.config.fuse_actor_chains, self.config.kernel_plan,
                                 self.config.cuda_graphs,
-                                fuse_attention=self.config.fuse_attention)
+                                fuse_attention=self.config.fuse_attention,
+                                grad_scaler=self._grad_scaler)
             self._check_unchanged_by_trace(captured, names)
             self._make_room()
             self._plans[key] = plan
         plan.last_call = next(self._ticks)
         return plan
+
+    def _build_traced(self):
+        """build(), inside the autocast contexts of ``config.enable_amp``."""
+        contexts = self.config.amp_context()
+        if not contexts:
+            return self.build
+
+        def build(*args):
+            with contextlib.ExitStack() as stack:
+                for c in contexts:
+                    stack.enter_context(c)
+                return self.build(*args)
+        return build
 
     def _check_unchanged_by_trace(self, captured, names):
         """build() must not replace what the plan captured (``self.buf = ...`` in

@@ -2,7 +2,8 @@
 never modified) with a line appended to ``graph.history``."""
 from .add_to_output import fuse_add_to_output
 from .attention import fuse_attention
-from .autograd import autograd
+from .autograd import LossScale, autograd
+from .casts import remove_redundant_casts
 from .fusion import fuse_elementwise
 from .in_place import in_place
 from .memory import MemoryPlan, plan_memory
@@ -13,4 +14,5 @@ from .slice_grad import accumulate_slice_grads
 
 __all__ = ["fuse_add_to_output", "fuse_attention", "autograd", "fuse_elementwise", "add_update",
            "fuse_model_update", "constant_folding", "dead_code_elimination", "in_place",
-           "plan_memory", "MemoryPlan", "accumulate_slice_grads", "insert_boxing"]
+           "plan_memory", "MemoryPlan", "accumulate_slice_grads", "insert_boxing",
+           "remove_redundant_casts", "LossScale"]

@@ -62,11 +62,30 @@ def _grad_target(p):
     return p._sbp
 
 
+class LossScale:
+    """The backward seed's value when a graph has a loss scaler
+    (``Graph.set_grad_scaler``): the scaler's current scale divided by the
+    accumulation steps, read when the step runs (the scale changes between
+    steps), so the seed node is marked ``volatile`` and never folded."""
+
+    def __init__(self, scaler, accumulation=1):
+        self.scaler, self.accumulation = scaler, accumulation
+
+    def __call__(self):
+        return self.scaler._scale_value() / self.accumulation
+
+    def __repr__(self):
+        return f"LossScale(accumulation={self.accumulation})"
+
+
 def _scaled_ones(shape, dtype, device, scale, placement=None):
     """The backward's seed.  For a global loss, the logical ``scale`` everywhere:
     replicated (broadcast) on ``placement``; the loss's backward boxes it to the
     layout it needs (a local seed would be read as each rank's piece of a
-    partial sum, n times the gradient for a replicated loss)."""
+    partial sum, n times the gradient for a replicated loss).  ``scale`` is a
+    number, or a ``LossScale`` read on every run."""
+    if isinstance(scale, LossScale):
+        scale = scale()
     seed = ops.full(shape, scale, dtype=dtype, device=device)
     if placement is not None:
         from ...distributed.dispatch import label
@@ -114,7 +133,8 @@ def autograd(graph, loss_scale=1.0):
     if seed is None:
         placement = getattr(graph, "loss_placement", None)
         node = Node("fn", _scaled_ones, (loss.shape, loss.dtype, loss.device, loss_scale,
-                                         placement), {}, [], {"random": False},
+                                         placement), {}, [],
+                    {"random": False, "volatile": isinstance(loss_scale, LossScale)},
                     name="grad_seed")
         node.outputs.append(_grad_value(
             loss, node, "grad_" + (loss.name or str(loss.id)), placement,

@@ -26,7 +26,7 @@ from ...optim.optimizer import same_kind_batches as _split_by_key, update_key as
 from ..ir import Node
 
 __all__ = ["add_update", "fuse_model_update", "ParamUpdate", "MultiTensorUpdate",
-           "steps_per_parameter"]
+           "ScaledStep", "steps_per_parameter"]
 
 
 def steps_per_parameter(optimizer):
@@ -87,13 +87,39 @@ class SchedulerStep:
 
 
 
-def add_update(graph, optimizers):
-    """IR -> IR: the update nodes of every optimizer of ``add_optimizer``."""
+class ScaledStep:
+    """With a loss scaler, an optimizer's one update node: ``scaler.step(opt)``
+    (unscale and inf/nan check of its gradients, the step skipped on overflow),
+    then its LR scheduler's step, as the eager loop runs them."""
+
+    def __init__(self, scaler, optimizer, scheduler):
+        self.scaler, self.optimizer, self.scheduler = scaler, optimizer, scheduler
+
+    def __call__(self):
+        self.scaler.step(self.optimizer)
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+
+def add_update(graph, optimizers, grad_scaler=None):
+    """IR -> IR: the update nodes of every optimizer of ``add_optimizer``; with
+    a ``grad_scaler`` one ``ScaledStep`` node per optimizer and a last node
+    running ``grad_scaler.update()``."""
     if not optimizers:
         return graph
     names = {id(v.tensor): v.name for v in graph.state}
     g = graph.copy()
     n_param = n_whole = 0
+    if grad_scaler is not None:
+        for k, (opt, sched) in enumerate(optimizers):
+            g.nodes.append(Node("update", ScaledStep(grad_scaler, opt, sched), (), {}, [],
+                                {"optimizer": k}, name=f"scaled_update_{k}"))
+        g.nodes.append(Node("update", grad_scaler.update, (), {}, [], {"optimizer": None},
+                            name="grad_scaler_update"))
+        g.history.append(("optimizer", f"+{len(optimizers)} loss-scaled update nodes "
+                                       f"(unscale, inf check, step) and a scale update for "
+                                       f"{len(optimizers)} optimizer(s)"))
+        return g
     for k, (opt, sched) in enumerate(optimizers):
         if steps_per_parameter(opt):
             for gi, group in enumerate(opt.param_groups):

@@ -34,7 +34,8 @@ def constant_folding(graph):
     constants (creation ops like ``zeros``, ``arange``, the gradient seed, and
     ops on their results).  Their outputs become ``const`` Values holding the
     computed tensors; the nodes disappear.  ``call`` nodes are folded too when
-    they need no gradient."""
+    they need no gradient.  Nodes marked ``volatile`` (a value read when the
+    step runs, as a loss scaler's seed) are kept."""
     with_backward = _forwards_with_backward(graph)
     consts = {}
     kept = []
@@ -49,6 +50,7 @@ def constant_folding(graph):
         kwargs = substitute(node.kwargs, lookup)
         values = list(iter_values((args, kwargs)))
         foldable = (node.kind in ("fn", "call") and not node.attrs.get("random")
+                    and not node.attrs.get("volatile")
                     and all(v.kind == "const" for v in values)
                     and node.id not in with_backward)
         if foldable:
