@@ -39,6 +39,7 @@ elements are ``x * 0``, so NaN stays NaN, as in PyTorch.
 """
 import math
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -187,6 +188,22 @@ def _masked_scale(x, keep, scale, out):
         out[i] = x[i] * (scale if keep[i] else 0.0)   # like PyTorch: NaN * 0 stays NaN
 
 
+@twin(nogil=True, cache=True)
+def _masked_scale_column_sums(g, keep, scale, dx, db_parts):
+    """``_masked_scale`` on (rows, n) arrays, each row of the result also added
+    into its chunk's float64 column sums (the bias gradient)."""
+    rows, n = g.shape
+    chunks = db_parts.shape[0]
+    per = (rows + chunks - 1) // chunks
+    for c in prange(chunks):
+        acc = db_parts[c]
+        for i in range(c * per, min(rows, (c + 1) * per)):
+            for j in range(n):
+                v = g[i, j] * (scale if keep[i, j] else 0.0)
+                dx[i, j] = v
+                acc[j] += v
+
+
 def _check_float(x, op):
     if x.dtype not in (np.float16, np.float32, np.float64):
         raise TypeError(f"{op}: expected a floating point array (float16, float32, float64), "
@@ -263,6 +280,31 @@ def bias_dropout_add_philox(x, bias, residual, p, seed, offset=0):
                                  keep_threshold(p), dtype.type(scale), dtype.type(0), k0, k1,
                                  o0, o1, out.reshape(-1), keep.reshape(-1))
     return out, keep
+
+
+@register("dropout_bias_backward", "cpu")
+def dropout_bias_backward(g, keep, scale):
+    """The backward of ``bias_dropout_add_philox`` for x and bias: ``(dx, db)``
+    with dx = g * keep * scale (g, keep: (..., n)) and db = dx summed over every
+    dim but the last, in one pass (float64 sums per chunk of rows, added in order)."""
+    op = "dropout_bias_backward"
+    _check_float(g, op)
+    if g.ndim < 1 or tuple(keep.shape) != tuple(g.shape):
+        raise ValueError(f"{op}: g must be (..., n) and keep of its shape, got "
+                         f"{tuple(g.shape)} and {tuple(keep.shape)}")
+    lead = tuple(range(g.ndim - 1))
+    if g.dtype == np.float16:
+        dx = dropout(g, keep, scale)
+        return dx, dx.sum(lead, dtype=np.float64).astype(np.float16)
+    g = np.ascontiguousarray(g)
+    dx = np.empty(g.shape, g.dtype)         # x's shape: an array of its own, not a view
+    n = g.shape[-1]
+    rows = g.size // n if n else 0
+    parts = np.zeros((max(1, min(rows, numba.get_num_threads() * 2)), n))
+    if g.size:
+        _masked_scale_column_sums(g.reshape(rows, n), np.ascontiguousarray(keep).reshape(rows, n),
+                                  g.dtype.type(scale), dx.reshape(rows, n), parts)
+    return dx, parts.sum(0).astype(g.dtype)
 
 
 @register("dropout", "cpu")

@@ -38,6 +38,7 @@ from ..registry import register
 from ._memory import empty, launch_config, stream, to_host
 from .copy import contiguous, describe, read_only, size_of
 from .index import on_device
+from .reduce import sum_
 
 _FLOATS = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64))
 
@@ -149,6 +150,19 @@ def dropout(x, keep, scale):
         _jit("masked_scale")[blocks, threads, stream()](
             out.reshape(-1), read_only(xc), read_only(kc), dtype.type(scale), dtype.type(0))
     return out
+
+
+@register("dropout_bias_backward", "cuda")
+def dropout_bias_backward(g, keep, scale):
+    """(dx, db): dx = g * keep * scale (g, keep: (..., n)), db = dx summed over
+    every dim but the last: the masked-scale kernel, then the ``sum`` kernel."""
+    shape = tuple(describe(g)[0])
+    if len(shape) < 1 or tuple(describe(keep)[0]) != shape:
+        raise ValueError(f"dropout_bias_backward: g must be (..., n) and keep of its shape, "
+                         f"got {shape} and {tuple(describe(keep)[0])}")
+    dx = dropout(g, keep, scale)
+    dtype = describe(g)[2]
+    return dx, sum_(dx, tuple(range(len(shape) - 1)), False, dtype)
 
 
 @register("dropout_philox", "cuda")

@@ -11,8 +11,10 @@ passes build on the same ones:
 * ``FusedElementwise``: any expression of elementwise ops as one generated
   kernel (``kernels/cpu/fused.py``, ``kernels/cuda/fused.py``); the graph's
   elementwise-fusion pass (``pyflow/graph/passes/fusion.py``) makes one
-  subclass per expression it finds.  ``fused_bias_add_gelu`` is the
-  transformer MLP's ``gelu(x + bias)`` as one of them.
+  subclass per expression it finds.
+* ``fused_bias_add_gelu``: the transformer MLP's ``gelu(x + bias)``, one
+  kernel forward and one backward that also sums the bias gradient
+  (``kernels/cpu/bias_act.py``), which a generated elementwise kernel cannot.
 * ``fused_bias_dropout_add``: ``dropout(x + bias) + residual`` as one kernel
   (``bias_dropout_add_philox``, the dropout kernel with the two adds in its
   loop) that draws the same mask ``F.dropout`` would for the same seed; its
@@ -27,7 +29,8 @@ composition (bit for bit where the kernels round op by op, as these do).
 import numbers
 
 from .. import dtypes as _dt
-from ..autograd import Function, is_grad_enabled
+from ..autograd import Function, enable_grad, is_grad_enabled
+from ..autograd import grad as autograd_grad
 from ..distributed.signatures import elementwise_rule
 from ..random import generator_of
 from ..tensor import Tensor
@@ -35,7 +38,8 @@ from ._util import check_tensor, compute_array, kernel, unbroadcast, wrap
 from .dropout import MaskedScale, dropout
 from .elementwise import gelu
 
-__all__ = ["FusedElementwise", "fused_function", "fused_bias_add_gelu", "fused_bias_dropout_add"]
+__all__ = ["FusedElementwise", "fused_function", "FusedBiasGelu", "fused_bias_add_gelu",
+           "FusedBiasDropoutAdd", "fused_bias_dropout_add"]
 
 _FUSED_FLOATS = (_dt.float32, _dt.float64)
 
@@ -148,19 +152,49 @@ def _check_bias(op, input, bias, name="bias"):
                         f"input, got {bias.dtype.name} on {bias.device}")
 
 
+class FusedBiasGelu(Function):
+    """gelu(x + bias) over x's last dim: one kernel forward, and one backward
+    kernel giving dx and the bias gradient (its column sums taken in the same
+    pass, ``kernels/cpu/bias_act.py``)."""
+    sbp_rule = elementwise_rule()
+
+    @staticmethod
+    def forward(ctx, x, bias, approximate):
+        dt = x.dtype
+        out = kernel("bias_gelu", x.device.type)(compute_array(x, dt), compute_array(bias, dt),
+                                                 approximate)
+        ctx.approximate = approximate
+        ctx.save_for_backward(x, bias)
+        return wrap(out, dt, x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, bias = ctx.saved_tensors
+        if is_grad_enabled():                # double backward: the two ops, recorded
+            with enable_grad():
+                t = x + bias
+                (dx,) = autograd_grad(gelu(t, approximate=ctx.approximate), t, g,
+                                      create_graph=True)
+            return dx, unbroadcast(dx, bias.shape), None
+        dt = x.dtype
+        dx, db = kernel("bias_gelu_backward", x.device.type)(
+            compute_array(g, dt), compute_array(x, dt), compute_array(bias, dt), ctx.approximate)
+        return wrap(dx, dt, x.device), wrap(db, dt, x.device), None
+
+
 def fused_bias_add_gelu(input, bias, approximate="none"):
-    """``gelu(input + bias, approximate)`` in one kernel, and one gradient kernel
-    (OneFlow's fused_bias_add_gelu).  ``bias`` is 1-D, of input's last dim.
-    float32/float64 run fused; float16/bfloat16 run the two ops (eager rounds
-    after every op in those dtypes, which one float32 kernel would not)."""
+    """``gelu(input + bias, approximate)`` in one kernel, and one backward kernel
+    that also sums the bias gradient (OneFlow's fused_bias_add_gelu).  ``bias``
+    is 1-D, of input's last dim.  float32/float64 run fused; float16/bfloat16
+    run the two ops (eager rounds after every op in those dtypes, which one
+    float32 kernel would not)."""
     op = "fused_bias_add_gelu"
     _check_bias(op, input, bias)
-    name = _GELU_OPS.get(approximate)
-    if name is None:
+    if approximate not in _GELU_OPS:
         raise ValueError(f"{op}(): approximate must be 'none' or 'tanh', got {approximate!r}")
-    if input.dtype not in _FUSED_FLOATS:
+    if input.dtype not in _FUSED_FLOATS or input.numel() == 0:
         return gelu(input + bias, approximate=approximate)
-    return fused_function((("add", (0, 1)), (name, (2,))), (False, False)).apply(input, bias)
+    return FusedBiasGelu.apply(input, bias, approximate)
 
 
 # ------------------------------------------------------------------ bias + dropout + residual
@@ -181,8 +215,14 @@ class FusedBiasDropoutAdd(Function):
     @staticmethod
     def backward(ctx, g):
         needs = ctx.needs_input_grad
-        dx = MaskedScale.apply(g, ctx.keep, ctx.scale) if needs[0] or needs[1] else None
-        db = unbroadcast(dx, (ctx.shape[-1],)) if needs[1] else None
+        if needs[1] and not is_grad_enabled():     # dx and db in one pass
+            dt = g.dtype
+            dx, db = kernel("dropout_bias_backward", g.device.type)(
+                compute_array(g, dt), ctx.keep, ctx.scale)
+            dx, db = wrap(dx, dt, g.device), wrap(db, dt, g.device)
+        else:
+            dx = MaskedScale.apply(g, ctx.keep, ctx.scale) if needs[0] or needs[1] else None
+            db = unbroadcast(dx, (ctx.shape[-1],)) if needs[1] else None
         return dx if needs[0] else None, db, g if needs[2] else None, None, None
 
 

@@ -20,7 +20,7 @@ from tests.distributed.sbp_ops_worker import F, SIZE, check, pyflow, run_case  #
 from pyflow.autograd import Function  # noqa: E402
 from pyflow.ops import elementwise as ew  # noqa: E402
 from pyflow.ops.attention import FusedAttention  # noqa: E402
-from pyflow.ops.fused import FusedBiasDropoutAdd  # noqa: E402
+from pyflow.ops.fused import FusedBiasDropoutAdd, fused_function  # noqa: E402
 from pyflow.ops.loss import TargetWeightSum  # noqa: E402
 from pyflow.ops.normalization import BatchNormStats, fused_add_layer_norm, rms_norm  # noqa: E402
 from pyflow.ops.softmax import (fused_scale_mask_softmax,  # noqa: E402
@@ -123,7 +123,10 @@ CASES = {
     "FusedScaleMaskSoftmaxDropout": (lambda x: pyflow.stack(list(
         fused_scale_mask_softmax_dropout(x, pyflow.tensor([[True, False] * n] * n), 0.5,
                                          p=1.0))), [(n, 2 * n)], ()),
-    "FusedElementwise": (lambda x, b: F.fused_bias_add_gelu(x, b), [(n, 2 * n), (2 * n,)], ()),
+    "FusedElementwise": (lambda x, b: fused_function((("mul", (0, 1)), ("tanh", (2,))),
+                                                     (False, False)).apply(x, b),
+                         [(n, 2 * n), (2 * n,)], ()),
+    "FusedBiasGelu": (lambda x, b: F.fused_bias_add_gelu(x, b), [(n, 2 * n), (2 * n,)], ()),
     # p = 1 keeps no element on any rank, so the result (x + b) * 0 + r and its
     # gradients are the same whatever mask a piece draws (random masks: ELSEWHERE)
     "FusedBiasDropoutAdd": (lambda x, b, r: FusedBiasDropoutAdd.apply(x, b, r, 1.0, 5),

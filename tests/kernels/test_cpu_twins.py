@@ -40,11 +40,14 @@ def _ops(activations=False):
         F.max_pool2d(x4, 2), F.avg_pool2d(x4, 3, stride=2, padding=1),
         F.linear(x2, lin_w, lin_b),
         pf.gather(src, 1, gidx), src.index_select(1, pf.tensor([0, 3, 3, 8])),
+        F.rms_norm(x2, (40,), w), *F.fused_add_layer_norm(x2, x2 * 2.0, (40,), w, b),
     ]
     if activations:
-        outs = [F.gelu(x2), F.silu(x4), F.gelu(x4, approximate="tanh")]
+        outs = [F.gelu(x2), F.silu(x4), F.gelu(x4, approximate="tanh"),
+                F.fused_bias_add_gelu(x2, b), F.fused_bias_add_gelu(x2, w, approximate="tanh")]
     pf.manual_seed(0)
     outs.append(F.dropout(x2, 0.3))
+    outs.append(F.fused_bias_dropout_add(x2, b, x2 * 2.0, p=0.3))
     loss = sum((o.float() * (k + 1)).sum() for k, o in enumerate(outs))
     loss.backward()
     return [o.detach().numpy() for o in outs] + [leaf.grad.numpy() for leaf in leaves
