@@ -58,6 +58,7 @@ class GraphConfig:
 
     def __init__(self):
         self.fuse_attention = False
+        self.fuse_residual = False
         self.amp = False
         self.amp_dtype = None
         self.fuse_elementwise = True
@@ -112,6 +113,12 @@ class GraphConfig:
         cores it was no faster than the chain at a small GPT's size and
         1.6-2.7x slower at T=128 (the chain's products run in BLAS)."""
         self.fuse_attention = bool(mode)
+
+    def allow_fuse_residual(self, mode=True):
+        """``dropout(x) + r`` runs as ``F.fused_bias_dropout_add`` and ``s = a +
+        b`` then ``layer_norm(s)`` as ``F.fused_add_layer_norm`` (one kernel
+        pass each; pyflow.graph.passes.residual), with the unfused ops' values."""
+        self.fuse_residual = bool(mode)
 
     def allow_fuse_elementwise(self, mode=True):
         """Chains of elementwise ops become one generated kernel (on by default)."""
@@ -298,7 +305,7 @@ class Graph:
         return (tuple(parts), modes, c.gradient_accumulation_steps, c.executor,
                 c.fuse_elementwise, c.fuse_add_to_output, c.fuse_model_update_ops, c.in_place,
                 c.fuse_actor_chains, c.kernel_plan, c.cuda_graphs, c.fuse_attention, c.amp,
-                c.amp_dtype)
+                c.amp_dtype, c.fuse_residual)
 
     def compile(self, *args):
         """The Plan for ``args``' signature (compiling it if new)."""
@@ -321,7 +328,8 @@ class Graph:
                                 self.config.fuse_actor_chains, self.config.kernel_plan,
                                 self.config.cuda_graphs,
                                 fuse_attention=self.config.fuse_attention,
-                                grad_scaler=self._grad_scaler)
+                                grad_scaler=self._grad_scaler,
+                                fuse_residual=self.config.fuse_residual)
             self._check_unchanged_by_trace(captured, names)
             self._make_room()
             self._plans[key] = plan
