@@ -49,7 +49,8 @@ from ..ops.join import Split
 from ..ops.embedding import check_indices, embedding
 from ..ops.linalg import Linear, Matmul
 from ..ops.loss import CrossEntropy, NLLLoss, TargetWeightSum, check_targets
-from ..ops.normalization import LayerNorm
+from ..ops.fused import FusedBiasDropoutAdd, FusedBiasGelu
+from ..ops.normalization import FusedAddLayerNorm, LayerNorm, RMSNorm
 from ..ops.softmax import LogSoftmax, Softmax
 from ..ops.reduce import Mean, Sum
 from ..ops.shape import Clone, Permute, SliceView, View, basic_view
@@ -698,6 +699,105 @@ def softmax_rule(node, out, save):
 
 
 RULES[LayerNorm] = layer_norm_rule
+
+
+def _rows_cols(shape, k):
+    """(rows, cols) of ``shape`` with its last ``k`` dims flattened into cols."""
+    lead, tail = shape[:len(shape) - k], shape[len(shape) - k:]
+    return int(np.prod(lead, dtype=np.int64)), int(np.prod(tail, dtype=np.int64))
+
+
+@lowers(RMSNorm)
+def rms_norm_rule(node, out, save):
+    dtype = float_operands(node)
+    if dtype is None or node.kwargs or len(node.args) != 4:
+        return None
+    x, w, normalized_shape, eps = node.args
+    shape = tuple(x.shape)
+    nshape = tuple(normalized_shape)
+    rows, cols = _rows_cols(shape, len(nshape))
+    fwd, bwd = registry.get("rms_norm", "cpu"), registry.get("rms_norm_backward", "cpu")
+
+    def forward(xa, wa=None):
+        y, rstd = fwd(xa.reshape(rows, cols), wa, eps)
+        return (y.reshape(shape), (xa, wa, rstd)) if save else y.reshape(shape)
+
+    def build(bnode, out_):
+        slots = bnode.attrs["slots"]
+
+        def backward(g, saved):
+            xa, wa, rstd = saved
+            dx, dw = bwd(g.reshape(rows, cols), xa.reshape(rows, cols), rstd, wa)
+            grads = {0: dx.reshape(shape), 1: dw.reshape(nshape)}
+            return _one_or_tuple([grads[i] for i in slots])
+        return backward
+    return Lowered(forward, build, ["in0", "in1"] if w is not None else ["in0"])
+
+
+@lowers(FusedAddLayerNorm)
+def add_layer_norm_rule(node, out, save):
+    """Two outputs, the norm and the sum; the backward takes either gradient or both."""
+    dtype = float_operands(node)
+    if dtype is None or node.kwargs or len(node.args) != 6:
+        return None
+    a, r, w, b, normalized_shape, eps = node.args
+    if w is None and b is not None:
+        return None
+    shape = tuple(a.shape)
+    nshape = tuple(normalized_shape)
+    rows, cols = _rows_cols(shape, len(nshape))
+    fwd = registry.get("add_layer_norm", "cpu")
+    bwd = registry.get("add_layer_norm_backward", "cpu")
+
+    def forward(aa, ra, *wb):
+        wa, ba = (wb + (None, None))[:2]
+        y, total, mean, rstd = fwd(aa.reshape(rows, cols), ra.reshape(rows, cols), wa, ba, eps)
+        outs = (y.reshape(shape), total.reshape(shape))
+        return outs + ((total, wa, mean, rstd),) if save else outs
+
+    def build(bnode, out_):
+        slots = bnode.attrs["slots"]
+
+        def backward(g_out, g_sum, saved):
+            total, wa, mean, rstd = saved
+            dw = db = None
+            if g_out is None:
+                ds = g_sum
+            else:
+                ds, dw, db = bwd(g_out.reshape(rows, cols),
+                                 None if g_sum is None else g_sum.reshape(rows, cols),
+                                 total, mean, rstd, wa)
+                ds = ds.reshape(shape)
+            zeros = np.zeros(nshape, np.dtype(dtype.storage))
+            grads = {0: ds, 1: ds,
+                     2: zeros if dw is None else dw.reshape(nshape),
+                     3: zeros if db is None else db.reshape(nshape)}
+            return _one_or_tuple([grads[i] for i in slots])
+        return backward
+    return Lowered(forward, build)
+
+
+@lowers(FusedBiasGelu)
+def bias_gelu_rule(node, out, save):
+    dtype = float_operands(node)
+    if dtype is None or node.kwargs or len(node.args) != 3:
+        return None
+    x, b, approximate = node.args
+    fwd = registry.get("bias_gelu", "cpu")
+    bwd = registry.get("bias_gelu_backward", "cpu")
+
+    def forward(xa, ba):
+        y = fwd(xa, ba, approximate)
+        return (y, (xa, ba)) if save else y
+
+    def build(bnode, out_):
+        slots = bnode.attrs["slots"]
+
+        def backward(g, saved):
+            dx, db = bwd(g, *saved, approximate)
+            return _one_or_tuple([(dx, db)[i] for i in slots])
+        return backward
+    return Lowered(forward, build, ["in0", "in1"])
 RULES[Softmax] = RULES[LogSoftmax] = softmax_rule
 
 
@@ -831,6 +931,41 @@ def dropout_rule(node, out, save):
         return drop(xa, p, s if seeded else seed)
     forward = (lambda *a: run(*a)[0]) if not save else run
     return Lowered(forward, _backward_of([lambda g, keep: masked(g, keep, scale)]))
+
+
+@lowers(FusedBiasDropoutAdd)
+def bias_dropout_add_rule(node, out, save):
+    """``(x + bias) * keep * scale + residual`` with the seed its ``seed`` node
+    draws every run; bias and residual may be None."""
+    x, bias, residual, p, seed = node.args
+    tensors = [v for v in (x, bias, residual) if v is not None]
+    if any(not isinstance(v, Value) or not _local(v) or v.dtype is not x.dtype
+           for v in tensors) or x.dtype not in FLOATS or node.kwargs \
+            or not isinstance(seed, Value):
+        return None
+    run = registry.get("bias_dropout_add_philox", "cpu")
+    masked = registry.get("dropout", "cpu")
+    with_bias = registry.get("dropout_bias_backward", "cpu")
+    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+    has_b, has_r = bias is not None, residual is not None
+
+    def forward(xa, *rest):
+        ba = rest[0] if has_b else None
+        ra = rest[int(has_b)] if has_r else None
+        y, keep = run(xa, ba, ra, p, rest[-1])
+        return (y, keep) if save else y
+
+    def build(bnode, out_):
+        slots = bnode.attrs["slots"]
+
+        def backward(g, keep):
+            if 1 in slots:
+                dx, db = with_bias(g, keep, scale)
+            else:
+                dx, db = masked(g, keep, scale), None
+            return _one_or_tuple([{0: dx, 1: db, 2: g}[i] for i in slots])
+        return backward
+    return Lowered(forward, build)
 
 
 def embedding_rule(node, out, save):

@@ -153,6 +153,21 @@ CASES = [
     ("where", lambda a, b: pf.where(a > b, a, b), [(3, 4), (1, 4)], ()),
     ("causal softmax", lambda a: pf.softmax(
         a.masked_fill(pf.tril(pf.ones(4, 4)) == 0, float("-inf")), -1), [(2, 4, 4)], ()),
+    ("rms_norm", lambda x, w: pf.nn.functional.rms_norm(x, (4,), w, 1e-5),
+     [(2, 3, 4), (4,)], ()),
+    ("rms_norm no weight 2 dims", lambda x: pf.nn.functional.rms_norm(x, (3, 4)), [(2, 3, 4)],
+     ()),
+    ("fused_add_layer_norm", lambda a, r, w, b: (lambda y, s: y * s)(
+        *pf.nn.functional.fused_add_layer_norm(a, r, (4,), w, b)),
+     [(2, 3, 4), (2, 3, 4), (4,), (4,)], ()),
+    ("fused_add_layer_norm, the sum unused", lambda a, r: pf.nn.functional.fused_add_layer_norm(
+        a, r, (4,))[0] * 2.0, [(3, 4), (3, 4)], (1,)),
+    ("fused_bias_add_gelu", lambda x, b: pf.nn.functional.fused_bias_add_gelu(x, b, "tanh"),
+     [(3, 4), (4,)], (0,)),
+    ("fused_bias_dropout_add", lambda x, b, r: pf.nn.functional.fused_bias_dropout_add(
+        x, b, r, p=0.4), [(4, 8), (8,), (4, 8)], ()),
+    ("fused_bias_dropout_add no bias", lambda x, r: pf.nn.functional.fused_bias_dropout_add(
+        x, None, r, p=0.4), [(4, 8), (4, 8)], ()),
     ("fused", lambda a, b: pf.nn.functional.gelu(a * b + 0.5) * 2.0, [(2, 3, 4), (4,)], ()),
     ("fused one input used twice", lambda a: (a * a - a).tanh(), [(3, 4)], (0,)),
 ]
