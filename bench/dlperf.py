@@ -28,10 +28,32 @@ per rank fixed as in DLPerf; speedup = 2-rank / 1-rank global samples/s.
     python bench/dlperf.py                          # CPU presets, writes bench/RESULTS.md
     python bench/dlperf.py --device cuda            # DLPerf's configurations on a GPU
     python bench/dlperf.py --models gpt --rounds 1 --out /tmp/r.md
+    python bench/dlperf.py --amp bf16               # AMP only: its section of RESULTS.md
+    python bench/dlperf.py --amp both               # FP32 and AMP in one run (AMP/FP32 ratios)
 
 Targets (issue 6), CPU: GPT and BERT presets >= 1.0x PyTorch eager samples/s,
 ResNet >= 0.5x; GPU: ResNet-50 and BERT-base >= 1.0x.  A target is met when
 pyflow's better mode (eager or graph) reaches it; both ratios are shown.
+
+Mixed precision (``--amp``): every configuration again in bfloat16 autocast.
+PyTorch's step runs its forward and loss under ``torch.autocast(device,
+dtype=torch.bfloat16)`` and its backward and optimizer step outside, as
+PyTorch recommends; pyflow eager the same under ``pyflow.autocast``; pyflow
+graph mode with ``graph.config.enable_amp(True, dtype=pyflow.bfloat16)``
+(build() traced under autocast, float32 master weights; docs/amp.md).  The
+step is ``make_amp_step`` here: bench/common.py's ``make_step`` with the loss
+function wrapped in autocast (eager, torch), or an AMP ``nn.Graph`` of its own
+(graph).  ``--amp bf16`` measures the three AMP columns only and replaces just
+the ``## Mixed precision (bf16)`` section of ``--out`` (the FP32 tables stay);
+``--amp both`` measures the FP32 and AMP columns in one invocation, all six
+alternating within each round, writes the FP32 report as without ``--amp`` and
+then the AMP section with pyflow AMP / pyflow FP32 ratios (``-`` when FP32 was
+not measured in the same invocation).  Without ``--amp`` nothing changes: FP32
+only, and the file's AMP section (like bench/roofline.py's and
+bench/fused_ops.py's) is kept.  AMP targets (issue 18), CPU: pyflow AMP >= 1.0x
+PyTorch AMP on all three models, and pyflow AMP >= 2.0x pyflow FP32 on GPT and
+BERT, the better pyflow mode of each precision against the better one of the
+other.
 """
 import argparse
 import dataclasses
@@ -47,10 +69,14 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench.common import load_with, make_step, positive  # noqa: E402  (imports neither library)
+from bench.common import (load_with, make_step, positive,  # noqa: E402  (imports neither
+                          write_section)                      # library)
 
 MODELS = ("resnet", "bert", "gpt")
 MODES = ("torch", "eager", "graph")         # torch = PyTorch eager; eager/graph = pyflow's
+AMP_DTYPES = {"bf16": "bfloat16"}           # --amp's precisions: the libraries' dtype names
+AMP_SECTION = "## Mixed precision (bf16)"   # its own section of the results file
+KEPT_SECTIONS = ("## Roofline", "## Fused ops", AMP_SECTION)    # other scripts' / runs'
 RESULT = "RESULT "                          # prefix of a worker's one JSON line on stdout
 ENV_AT_START = dict(os.environ)             # what every child inherits (see the docstring)
 
@@ -66,6 +92,8 @@ class Preset:
     batch: int
     config: dict
     target: float       # pyflow samples/s over PyTorch eager's, to meet
+    amp_target: float = 0.0     # pyflow AMP samples/s over PyTorch AMP's (0: none)
+    amp_gain: float = 0.0       # pyflow AMP samples/s over pyflow FP32's (0: none)
 
 
 def _presets():
@@ -80,14 +108,14 @@ def _presets():
         # would cost 144-237 GFLOP a step).
         "cpu": {
             "resnet": Preset("resnet", "ResNet-50 v1.5", "64x64 images, 1000 classes", 8,
-                             dict(image=64, num_classes=1000), 0.5),
+                             dict(image=64, num_classes=1000), 0.5, amp_target=1.0),
             "bert": Preset("bert", "BERT-base pretraining",
                            "2 of 12 layers (d=768), seq 128, vocab 8192", 8,
                            {**bert_base, "num_hidden_layers": 2, "vocab_size": 8192, "seq": 128},
-                           1.0),
+                           1.0, amp_target=1.0, amp_gain=2.0),
             "gpt": Preset("gpt", "GPT-2 small", "2 of 12 layers (d=768), T=128, vocab 8192", 8,
                           {**gpt_small, "n_layer": 2, "vocab_size": 8192, "block_size": 128},
-                          1.0),
+                          1.0, amp_target=1.0, amp_gain=2.0),
         },
         # DLPerf's configurations (FP32): ResNet-50 224x224 batch 128, BERT-base seq 128
         # batch 32; GPT-2 small (124M) at its full context, nanoGPT's batch 8.
@@ -102,14 +130,16 @@ def _presets():
         # Toy sizes for the smoke test of this script's machinery (tests/test_dlperf_bench.py).
         "tiny": {
             "resnet": Preset("resnet", "ResNet (1 block/stage, width 8)", "16x16, 10 classes", 2,
-                             dict(image=16, num_classes=10, blocks=(1, 1, 1, 1), width=8), 0.5),
+                             dict(image=16, num_classes=10, blocks=(1, 1, 1, 1), width=8), 0.5,
+                             amp_target=1.0),
             "bert": Preset("bert", "BERT (tiny)", "2 layers d=32, seq 8, vocab 64", 2,
                            dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
                                 intermediate_size=64, vocab_size=64,
-                                max_position_embeddings=16, seq=8), 1.0),
+                                max_position_embeddings=16, seq=8), 1.0,
+                           amp_target=1.0, amp_gain=2.0),
             "gpt": Preset("gpt", "GPT (tiny)", "2 layers d=32, T=8, vocab 64", 2,
                           dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=8),
-                          1.0),
+                          1.0, amp_target=1.0, amp_gain=2.0),
         },
     }
 
@@ -205,8 +235,41 @@ def _import(mode):
     return lib
 
 
-def timed_worker(mode, preset, batch, device, steps, warmup):
-    """Train ``warmup`` + ``steps`` steps and time the last ``steps``.
+def make_amp_step(lib, mode, model, inputs, loss_of, opt, amp=None, device="cpu"):
+    """bench.common.make_step, in mixed precision when ``amp`` ("bf16") is given.
+
+    torch and pyflow eager: the model's forward and loss run under
+    ``lib.autocast(device, dtype=lib.bfloat16)``, zero_grad, backward and the
+    optimizer step outside it (PyTorch's recipe), by wrapping ``loss_of``.
+    pyflow graph: an ``nn.Graph`` with ``config.enable_amp(True, dtype=)``
+    (make_step's graph has no such option, so this one is built here)."""
+    if not amp:
+        return make_step(lib, mode, model, inputs, loss_of, opt)
+    dtype = getattr(lib, AMP_DTYPES[amp])
+    if mode == "graph":
+        class AmpTrainGraph(lib.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+                self.add_optimizer(opt)
+                self.config.enable_amp(True, dtype=dtype)
+
+            def build(self, *inputs):
+                loss = loss_of(self.model, *inputs)
+                loss.backward()
+                return loss
+        graph = AmpTrainGraph()
+        return lambda: graph(*inputs)
+
+    def amp_loss_of(model, *inputs):
+        with lib.autocast(device, dtype=dtype):
+            return loss_of(model, *inputs)
+    return make_step(lib, mode, model, inputs, amp_loss_of, opt)
+
+
+def timed_worker(mode, preset, batch, device, steps, warmup, amp=None):
+    """Train ``warmup`` + ``steps`` steps and time the last ``steps`` (in mixed
+    precision when ``amp`` is given, see ``make_amp_step``).
 
     On a GPU (DLPerf's case: many steps, asynchronous launches) throughput is
     samples / wall time of all timed steps.  On the CPU it is batch / the median
@@ -217,7 +280,7 @@ def timed_worker(mode, preset, batch, device, steps, warmup):
     import numpy as np
     lib.manual_seed(0)
     model, inputs, loss_of, opt = build(lib, preset, batch, device, np.random.default_rng(0))
-    step = make_step(lib, mode, model, inputs, loss_of, opt)
+    step = make_amp_step(lib, mode, model, inputs, loss_of, opt, amp, device)
     t0 = time.perf_counter()
     for _ in range(warmup):
         loss = step()
@@ -295,9 +358,9 @@ def _worker_args(args, model, batch):
             "--model", model, "--batch", str(batch), "--device", args.device]
 
 
-def measure(args, mode, model, batch, timeout):
+def measure(args, mode, model, batch, timeout, amp=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", mode] + \
-        _worker_args(args, model, batch)
+        _worker_args(args, model, batch) + (["--amp", amp] if amp else [])
     env = dict(ENV_AT_START)
     if args.threads:
         env.update(_threads(args.threads))
@@ -341,20 +404,30 @@ def _summary(results):
             "runs": len(rates), "failed": len(errors), "error": errors[0] if errors else None}
 
 
+def columns(amp=None):
+    """[(key, mode, amp)] of the throughput runs for ``--amp``: the FP32 modes
+    (keys "torch", "eager", "graph"), the AMP ones ("torch bf16"...) or both."""
+    fp32 = [(m, m, None) for m in MODES]
+    mixed = [(f"{m} bf16", m, "bf16") for m in MODES]
+    return {None: fp32, "bf16": mixed, "both": fp32 + mixed}[amp]
+
+
 def run_throughput(args, log=print):
-    """{model: {mode: summary}}, the modes alternating within each round."""
+    """{model: {key: summary}} (keys: ``columns(args.amp)``), the columns
+    alternating within each round."""
     out = {}
+    cols = columns(getattr(args, "amp", None))
     for model in args.models:
         batch = args.batch or PRESETS[args.preset][model].batch
-        raw = {m: [] for m in MODES}
+        raw = {key: [] for key, _, _ in cols}
         for r in range(args.rounds):
-            for mode in MODES:
-                res = measure(args, mode, model, batch, args.timeout)
-                log(f"  {model:6s} round {r + 1}/{args.rounds} {mode:5s}: " +
+            for key, mode, amp in cols:
+                res = measure(args, mode, model, batch, args.timeout, amp)
+                log(f"  {model:6s} round {r + 1}/{args.rounds} {key:10s}: " +
                     (f"{res['samples_per_s']:.2f} samples/s" if "error" not in res
                      else res["error"]))
-                raw[mode].append(res)
-        out[model] = {m: _summary(raw[m]) for m in MODES}
+                raw[key].append(res)
+        out[model] = {key: _summary(raw[key]) for key in raw}
     return out
 
 
@@ -447,6 +520,42 @@ def scaling_rows(preset_name, results, batch_override=None):
                      ("" if res[1]["runs"] == res[2]["runs"] == 1 else
                       f" (best {100 * best / 2:.0f}%)")])
     return rows
+
+
+def _better(a, b):
+    """pyflow's better mode of one precision, as a summary: the larger median and
+    the larger best run (either mode's; a failed mode counts as absent)."""
+    ok = [s for s in (a, b) if s and "median" in s]
+    if not ok:
+        return {"error": "not measured"}
+    return {"median": max(s["median"] for s in ok), "high": max(s["high"] for s in ok),
+            "runs": max(s["runs"] for s in ok)}
+
+
+def amp_rows(preset_name, results, batch_override=None):
+    """The AMP table's rows: PyTorch AMP, pyflow eager and graph AMP samples/s,
+    pyflow over PyTorch AMP, pyflow AMP over pyflow FP32 per mode (``-`` when
+    this run measured no FP32), and both targets: ``amp_target`` judged by
+    pyflow's better AMP mode against PyTorch AMP, ``amp_gain`` by pyflow's
+    better AMP mode against its better FP32 mode."""
+    rows = []
+    for model, res in results.items():
+        p = PRESETS[preset_name][model]
+        torch_, eager, graph = res["torch bf16"], res["eager bf16"], res["graph bf16"]
+        eager32, graph32 = res.get("eager", {}), res.get("graph", {})
+        rows.append([p.label, p.shape, str(batch_override or p.batch), _cell(torch_),
+                     _cell(eager), _cell(graph), _ratios(eager, torch_), _ratios(graph, torch_),
+                     _ratios(eager, eager32), _ratios(graph, graph32),
+                     f"pyflow/torch AMP >= {p.amp_target:.1f}x" if p.amp_target else "-",
+                     _met([(eager, torch_), (graph, torch_)], p.amp_target),
+                     f"pyflow AMP/FP32 >= {p.amp_gain:.1f}x" if p.amp_gain else "-",
+                     _met([(_better(eager, graph), _better(eager32, graph32))], p.amp_gain)])
+    return rows
+
+
+AMP_HEADERS = ["model", "preset", "batch", "PyTorch AMP samples/s", "pyflow eager AMP samples/s",
+               "pyflow graph AMP samples/s", "eager/torch AMP", "graph/torch AMP",
+               "eager AMP/FP32", "graph AMP/FP32", "target", "met", "target", "met"]
 
 
 SCALING_HEADERS = ["model", "preset", "batch per rank", "1 rank samples/s",
@@ -560,11 +669,44 @@ def report(args, facts, throughput, scaling, load_after, command, started, secon
     return "\n".join(lines)
 
 
+def amp_report(args, facts, throughput, load_after, command, started, seconds):
+    """The ``## Mixed precision (bf16)`` section: its own provenance (it may be
+    written by a run other than the FP32 tables'), the AMP table and its method."""
+    threads = f"{args.threads} per process" if args.threads else "each library's default"
+    fp32 = "in this run" if args.amp == "both" else "not in this run (use `--amp both`)"
+    lines = [
+        AMP_SECTION, "",
+        f"Generated by `{command}` on {started} in {seconds / 60:.1f} min; "
+        f"{facts['cpu']}, {facts['cores']} cores; device `{args.device}`; threads: {threads}; "
+        f"{facts['versions']}.  Load (`uptime`) before: `{facts['load']}`; after: "
+        f"`{load_after}`.", ""]
+    if facts.get("load1") is not None and facts["load1"] >= 0.5:
+        lines += [f"**The machine was shared with other work** (load average "
+                  f"{facts['load1']:.1f} on {facts['cores']} cores before this run started): "
+                  f"the best-run ratios are the better estimate.", ""]
+    lines += [
+        markdown_table(amp_rows(args.preset, throughput, args.batch), AMP_HEADERS), "",
+        f"bfloat16 autocast: PyTorch's forward and loss under `torch.autocast(\"{args.device}\", "
+        f"dtype=torch.bfloat16)`, backward and optimizer step outside; pyflow eager the same "
+        f"under `pyflow.autocast`; pyflow graph with `graph.config.enable_amp(True, "
+        f"dtype=pyflow.bfloat16)`.  Float32 master weights everywhere.  The same models, "
+        f"data and timing as the FP32 table (skip {args.warmup} steps, time {args.steps}, "
+        f"median of {args.rounds} runs, the columns alternating).  FP32 measured {fp32}; "
+        f"AMP/FP32 = a pyflow mode's AMP samples/s over the same mode's FP32.",
+        "",
+        "Targets (issue 18): pyflow AMP >= 1.0x PyTorch AMP (pyflow's better mode); on GPT "
+        "and BERT pyflow AMP >= 2.0x pyflow FP32 (pyflow's better AMP mode over its better "
+        "FP32 mode).  `met` is judged by the median ratio and by the best-run ratio (both "
+        "named when they disagree).", ""]
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------ command line
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="DLPerf-style training throughput of ResNet-50 "
                                  "v1.5, BERT-base and GPT-2 small: pyflow (eager, graph) vs "
-                                 "PyTorch eager, and pyflow's 1 -> 2 rank DDP scaling.",
+                                 "PyTorch eager (FP32; bf16 autocast with --amp), and pyflow's 1 -> 2 rank DDP "
+                                 "scaling.",
                                  epilog="Presets: " + "; ".join(
                                      f"{d}: " + ", ".join(f"{p.label} ({p.shape}, batch "
                                                           f"{p.batch})" for p in ps.values())
@@ -588,6 +730,10 @@ def parse_args(argv=None):
                     help="threads per process in the throughput table (default: the libraries')")
     ap.add_argument("--timeout", type=positive, default=600, help="seconds per run before "
                     "it counts as failed")
+    ap.add_argument("--amp", choices=["bf16", "both"], default=None,
+                    help="mixed precision: bf16 = the AMP table only (its own section of "
+                         "--out), both = FP32 and AMP in one run (with AMP/FP32 ratios); "
+                         "default: FP32 only")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "RESULTS.md"),
                     help="Markdown file to write ('-': print only)")
     # internal: the child processes
@@ -600,8 +746,11 @@ def parse_args(argv=None):
     args.preset = args.preset or args.device
     args.steps = args.steps or (100 if cuda else 5)
     args.warmup = args.warmup or (20 if cuda else 2)
+    if args.worker is None and args.amp == "bf16" and args.scaling:
+        ap.error("--scaling is an FP32 table: with --amp bf16 (the AMP table only) leave it "
+                 "out, or use --amp both")
     if args.scaling is None:
-        args.scaling = [] if cuda else ["gpt"]
+        args.scaling = [] if cuda or args.amp == "bf16" else ["gpt"]
     if cuda and args.scaling:
         ap.error("--scaling runs on CPU ranks only; on a GPU machine use --scaling with "
                  "--device cpu, or leave it out")
@@ -628,7 +777,7 @@ def main(argv=None):
     if args.worker:
         preset = PRESETS[args.preset][args.model]
         return _emit(lambda: timed_worker(args.worker, preset, args.batch, args.device,
-                                          args.steps, args.warmup))
+                                          args.steps, args.warmup, args.amp))
     if args.ddp_worker:
         preset = PRESETS[args.preset][args.model]
         return _emit(lambda: ddp_worker(preset, args.batch, args.steps, args.warmup))
@@ -650,29 +799,46 @@ def main(argv=None):
     t0 = time.perf_counter()
     throughput = run_throughput(args) if args.models else {}
     scaling = run_scaling(args) if args.scaling else {}
-    text = report(args, facts, throughput, scaling, _uptime(), command, started,
-                  time.perf_counter() - t0)
-    print()
-    print(text)
-    if args.out != "-":
-        kept = _roofline_section(args.out)
-        with open(args.out, "w") as f:
-            f.write(text + "\n" + (f"\n{kept}" if kept else ""))
-        print(f"written to {os.path.relpath(args.out)}")
+    load_after, seconds = _uptime(), time.perf_counter() - t0
+    if args.amp != "bf16":          # the FP32 report, as without --amp
+        text = report(args, facts, throughput, scaling, load_after, command, started, seconds)
+        print()
+        print(text)
+        if args.out != "-":
+            kept = _kept_sections(args.out, skip=(AMP_SECTION,) if args.amp else ())
+            with open(args.out, "w") as f:
+                f.write(text + "\n" + (f"\n{kept}" if kept else ""))
+            print(f"written to {os.path.relpath(args.out)}")
+    if args.amp and throughput:
+        text = amp_report(args, facts, throughput, load_after, command, started, seconds)
+        print()
+        print(text)
+        if args.out != "-":
+            write_section(args.out, AMP_SECTION, text)
+            print(f"{AMP_SECTION} written to {os.path.relpath(args.out)}")
     return 0
 
 
-def _roofline_section(path):
-    """The ``## Roofline`` section bench/roofline.py wrote into ``path`` (kept
-    when this script rewrites the file), or ''."""
+def _section(text, heading):
+    """The section ``heading`` of the Markdown ``text`` (up to the next ``## ``), or ''."""
+    if "\n" + heading not in "\n" + text:
+        return ""
+    section = ("\n" + text).split("\n" + heading, 1)[1]
+    end = section.find("\n## ")
+    return heading + (section[:end + 1] if end >= 0 else section)
+
+
+def _kept_sections(path, skip=()):
+    """The sections other scripts (bench/roofline.py, bench/fused_ops.py) or an
+    ``--amp`` run wrote into ``path``, in the file's order, kept when this script
+    rewrites the file ('' when none); ``skip``: headings not to keep."""
     if not os.path.exists(path):
         return ""
     text = open(path).read()
-    if "\n## Roofline" not in text:
-        return ""
-    section = text.split("\n## Roofline", 1)[1]
-    end = section.find("\n## ")
-    return "## Roofline" + (section[:end + 1] if end >= 0 else section)
+    found = [(("\n" + text).find("\n" + h), _section(text, h)) for h in KEPT_SECTIONS
+             if h not in skip]
+    parts = [sec.rstrip("\n") + "\n" for _, sec in sorted(found) if sec]
+    return "\n".join(parts)
 
 
 if __name__ == "__main__":

@@ -207,3 +207,108 @@ def test_roofline_table_and_results_section(tmp_path):
     write_section(str(results), roofline.SECTION, text)
     out = results.read_text()
     assert "old table" in out and "old roofline" not in out and out.count("## Roofline") == 1
+
+
+# ------------------------------------------------------------------ mixed precision (--amp)
+def test_amp_table_ratios_and_targets_from_made_up_numbers():
+    ok = lambda *rates: dlperf._summary([{"samples_per_s": r} for r in rates])   # noqa: E731
+    results = {"gpt": {"torch": ok(10.0), "eager": ok(8.0), "graph": ok(10.0),
+                       "torch bf16": ok(20.0), "eager bf16": ok(18.0), "graph bf16": ok(24.0)},
+               "bert": {"torch": ok(10.0), "eager": ok(10.0), "graph": ok(10.0),
+                        "torch bf16": ok(20.0, 30.0), "eager bf16": ok(15.0, 25.0),
+                        "graph bf16": dlperf._summary([{"error": "RuntimeError: boom"}])},
+               "resnet": {"torch bf16": ok(10.0), "eager bf16": ok(5.0), "graph bf16": ok(12.0)}}
+    gpt, bert, resnet = dlperf.amp_rows("cpu", results)
+    assert len(gpt) == len(dlperf.AMP_HEADERS)
+    assert gpt[3:6] == ["20.0", "18.0", "24.0"]
+    # pyflow / torch AMP per mode, AMP / FP32 per mode (eager 18/8, graph 24/10)
+    assert gpt[6:10] == ["0.90x", "1.20x", "2.25x", "2.40x"]
+    # the AMP/FP32 target: the better AMP mode (24) over the better FP32 mode (10)
+    assert gpt[10:] == ["pyflow/torch AMP >= 1.0x", "met", "pyflow AMP/FP32 >= 2.0x", "met"]
+    assert bert[5] == "failed: RuntimeError: boom" and bert[7] == bert[9] == "-"
+    assert bert[6] == "0.80x (best 0.83x)" and bert[8] == "2.00x (best 2.50x)"
+    assert bert[11] == "not met" and bert[13] == "met"
+    # FP32 not measured in this run (--amp bf16): no AMP/FP32 ratio, the target says so;
+    # ResNet has no AMP/FP32 target
+    assert resnet[6:] == ["0.50x", "1.20x", "-", "-", "pyflow/torch AMP >= 1.0x", "met", "-",
+                          "no target"]
+    results["gpt"] = {k: v for k, v in results["gpt"].items() if "bf16" in k}
+    [gpt] = dlperf.amp_rows("cpu", {"gpt": results["gpt"]})
+    assert gpt[8:10] == ["-", "-"] and gpt[13] == "not measured"
+    table = dlperf.markdown_table([gpt, resnet], dlperf.AMP_HEADERS)
+    assert table.count("\n") == 3 and "PyTorch AMP samples/s" in table
+    assert [dlperf.PRESETS["cpu"][m].amp_gain for m in dlperf.MODELS] == [0.0, 2.0, 2.0]
+    assert all(dlperf.PRESETS["cpu"][m].amp_target == 1.0 for m in dlperf.MODELS)
+
+
+def test_amp_flags():
+    args = dlperf.parse_args(["--amp", "bf16"])
+    assert args.scaling == [] and [k for k, _, _ in dlperf.columns(args.amp)] == \
+        ["torch bf16", "eager bf16", "graph bf16"]
+    assert dlperf.parse_args(["--amp", "both"]).scaling == ["gpt"]
+    assert len(dlperf.columns("both")) == 6 and dlperf.columns(None)[0] == ("torch", "torch", None)
+    assert dlperf.parse_args([]).amp is None
+    with pytest.raises(SystemExit):
+        dlperf.parse_args(["--amp", "bf16", "--scaling", "gpt"])
+
+
+def _amp_logits_dtype(lib, mode):
+    """The dtype of the tiny GPT's logits inside ``make_amp_step``'s step (and
+    the step's loss), for ``lib``."""
+    lib.manual_seed(0)
+    model, inputs, loss_of, opt = dlperf.build(lib, TINY["gpt"], 2, "cpu",
+                                               np.random.default_rng(0))
+    seen = []
+
+    def recording(model, x, y):
+        logits, loss = model(x, y)
+        seen.append(logits.dtype)
+        return loss
+    step = dlperf.make_amp_step(lib, mode, model, inputs, recording, opt, "bf16", "cpu")
+    losses = [float(step().item()) for _ in range(2)]
+    assert np.all(np.isfinite(losses))
+    return seen[0]
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_amp_step_runs_the_forward_in_bfloat16(mode):
+    assert _amp_logits_dtype(pf, mode) == pf.bfloat16
+    assert not pf.is_autocast_enabled("cpu")        # backward and step ran outside
+
+
+@needs_torch
+def test_amp_step_of_torch_runs_the_forward_in_bfloat16():
+    assert _amp_logits_dtype(torch, "torch") == torch.bfloat16
+    assert not torch.is_autocast_enabled("cpu")
+
+
+@needs_torch
+def test_amp_end_to_end_writes_its_own_section(tmp_path):
+    out = tmp_path / "RESULTS.md"
+    out.write_text("# DLPerf\n\n## Throughput\n\nold fp32 rows\n\n## Roofline\n\nroofline\n")
+    proc = subprocess.run([sys.executable, SCRIPT, "--preset", "tiny", "--models", "gpt",
+                           "--amp", "bf16", "--rounds", "1", "--steps", "1", "--warmup", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300,
+                          env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = out.read_text()
+    assert "old fp32 rows" in text and "roofline" in text      # the other sections stay
+    assert text.count(dlperf.AMP_SECTION) == 1 and "failed" not in text
+    section = text.split(dlperf.AMP_SECTION, 1)[1]
+    assert "| PyTorch AMP samples/s |" in section and "--amp bf16" in section
+    [row] = [ln for ln in section.splitlines() if ln.startswith("| GPT (tiny)")]
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert len(cells) == len(dlperf.AMP_HEADERS)
+    assert all(float(c) > 0 for c in cells[3:6])                # three AMP samples/s
+    assert all(c.endswith("x") for c in cells[6:8]) and cells[8:10] == ["-", "-"]
+    assert cells[10:] == ["pyflow/torch AMP >= 1.0x", cells[11], "pyflow AMP/FP32 >= 2.0x",
+                          "not measured"]
+    assert cells[11] in ("met", "not met", "met by medians only", "met by best runs only")
+    assert row in proc.stdout
+    # an FP32 run (here with no tables at all) rewrites the file and keeps the AMP section
+    proc = subprocess.run([sys.executable, SCRIPT, "--models", "--scaling", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    again = out.read_text()
+    assert "old fp32 rows" not in again and row in again and "roofline" in again
+    assert again.index("## Roofline") < again.index(dlperf.AMP_SECTION)
