@@ -122,6 +122,21 @@ def keep_threshold(p):
     return np.uint32(math.ceil(float(np.float32(p)) * 2.0 ** 24))
 
 
+@njit(inline="always")
+def _philox_block(bits, g0, count, o0, o1, k0, k1):
+    """The Philox words of groups g0 .. g0 + count - 1 into ``bits`` (group g's
+    word w -> bits[4 (g - g0) + w], element order): one loop without bounds
+    tests per word, which LLVM vectorizes (inlined into each kernel's block)."""
+    for i in range(count):
+        g = g0 + i
+        r0, r1, r2, r3 = _philox_inline(np.uint32(g & 0xFFFFFFFF), np.uint32(g >> 32),
+                                        o0, o1, k0, k1)
+        bits[4 * i] = r0
+        bits[4 * i + 1] = r1
+        bits[4 * i + 2] = r2
+        bits[4 * i + 3] = r3
+
+
 @twin(nogil=True, cache=True)
 def _dropout_philox(x, thr, scale, zero, k0, k1, o0, o1, out, keep):
     """Blocks of ``_BLOCK`` Philox groups in parallel; in each, first the
@@ -132,14 +147,7 @@ def _dropout_philox(x, thr, scale, zero, k0, k1, o0, o1, out, keep):
     for b in prange((groups + _BLOCK - 1) // _BLOCK):
         bits = np.empty(4 * _BLOCK, np.uint32)
         g0 = b * _BLOCK
-        for i in range(min(_BLOCK, groups - g0)):
-            g = g0 + i
-            r0, r1, r2, r3 = _philox_inline(np.uint32(g & 0xFFFFFFFF), np.uint32(g >> 32),
-                                            o0, o1, k0, k1)
-            bits[4 * i] = r0
-            bits[4 * i + 1] = r1
-            bits[4 * i + 2] = r2
-            bits[4 * i + 3] = r3
+        _philox_block(bits, g0, min(_BLOCK, groups - g0), o0, o1, k0, k1)
         e0 = 4 * g0
         for i in range(min(4 * _BLOCK, n - e0)):
             k = (bits[i] >> _S8) >= thr
@@ -160,14 +168,7 @@ def _bias_dropout_add_philox(x, b, r, has_b, has_r, thr, scale, zero, k0, k1, o0
     for blk in prange((groups + _BLOCK - 1) // _BLOCK):
         bits = np.empty(4 * _BLOCK, np.uint32)
         g0 = blk * _BLOCK
-        for i in range(min(_BLOCK, groups - g0)):
-            g = g0 + i
-            r0, r1, r2, r3 = _philox_inline(np.uint32(g & 0xFFFFFFFF), np.uint32(g >> 32),
-                                            o0, o1, k0, k1)
-            bits[4 * i] = r0
-            bits[4 * i + 1] = r1
-            bits[4 * i + 2] = r2
-            bits[4 * i + 3] = r3
+        _philox_block(bits, g0, min(_BLOCK, groups - g0), o0, o1, k0, k1)
         e0 = 4 * g0
         col = e0 % cols          # a column counter: no division per element
         for i in range(min(4 * _BLOCK, n - e0)):

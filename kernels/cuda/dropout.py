@@ -66,31 +66,14 @@ def philox_kernel_function():
     return philox_words
 
 
-def dropout_kernel_function():
-    """The fused kernel: a fresh function with its own Philox device function
-    (``compile_ptx`` takes it as it is; ``_jit`` caches one jitted copy)."""
-    philox = cuda.jit(device=True)(_philox4x32)
-
-    def dropout_philox(out, keep, x, n, p, scale, zero, k0, k1, off0, off1):
-        """One thread per group of 4 elements: one Philox call gives 4 words."""
-        for g in range(cuda.grid(1), (n + 3) // 4, cuda.gridsize(1)):
-            r0, r1, r2, r3 = philox(np.uint32(g & 0xFFFFFFFF), np.uint32(g >> 32),
-                                    off0, off1, k0, k1)
-            for lane in range(4):
-                e = 4 * g + lane
-                if e < n:
-                    r = r0 if lane == 0 else (r1 if lane == 1 else (r2 if lane == 2 else r3))
-                    u = np.float32(r >> _S8) * _TWO_M24
-                    k = u >= p
-                    keep[e] = k
-                    out[e] = x[e] * (scale if k else zero)
-    return dropout_philox
-
-
 def bias_dropout_add_kernel_function():
-    """The dropout kernel with a bias added before the mask (``b[e % cols]``)
-    and a residual after: ``(x + b) * keep * scale + r``, the CPU kernel's
-    arithmetic and mask.  ``has_b``/``has_r`` False: b or r is a 1-element dummy."""
+    """The fused dropout kernel: ``(x + b) * keep * scale + r`` with the mask
+    drawn on the device, the CPU kernel's arithmetic and mask, one thread per
+    group of 4 elements (one Philox call gives 4 words); the bias is
+    ``b[e % cols]``.  ``has_b``/``has_r`` False: b or r is a 1-element dummy,
+    and the kernel is plain dropout.  A fresh function with its own Philox
+    device function (``compile_ptx`` takes it as it is; ``_jit`` caches one
+    jitted copy)."""
     philox = cuda.jit(device=True)(_philox4x32)
 
     def bias_dropout_add_philox(out, keep, x, b, r, has_b, has_r, n, p, scale, zero, k0, k1,
@@ -113,7 +96,6 @@ def bias_dropout_add_kernel_function():
 
 KERNEL_FACTORIES = {"masked_scale": lambda: _masked_scale,
                     "philox_words": philox_kernel_function,
-                    "dropout_philox": dropout_kernel_function,
                     "bias_dropout_add_philox": bias_dropout_add_kernel_function}
 _jitted = {}
 
@@ -182,9 +164,10 @@ def dropout_philox(x, p, seed, offset=0, *, launch=None):
         return out, keep
     blocks, threads = launch_config(-(-n // 4)) if launch is None else launch
     xc = contiguous(x).reshape(-1)
-    _jit("dropout_philox")[blocks, threads, stream()](
-        out.reshape(-1), keep.reshape(-1), read_only(xc), n, np.float32(p), dtype.type(scale),
-        dtype.type(0), k0, k1, o0, o1)
+    dummy = empty((1,), dtype, x)
+    _jit("bias_dropout_add_philox")[blocks, threads, stream()](
+        out.reshape(-1), keep.reshape(-1), read_only(xc), dummy, dummy, False, False, n,
+        np.float32(p), dtype.type(scale), dtype.type(0), k0, k1, o0, o1)
     return out, keep
 
 

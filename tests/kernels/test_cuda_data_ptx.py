@@ -76,12 +76,11 @@ def _specs():
         add(embedding, "scatter_add_rows_scaled", (a(t), a(t), a(I64), i64, i64, a(I64)),
             f"scatter_add_rows_scaled {t}")
     add(embedding, "count_rows", (a(I64), a(I64)))
-    # dropout: masked_scale is the registered ``dropout``, dropout_philox the registered
-    # ``dropout_philox`` (mask drawn on the device), philox_words its known-answer kernel
+    # dropout: masked_scale is the registered ``dropout``, bias_dropout_add_philox the
+    # registered ``dropout_philox`` and ``bias_dropout_add_philox`` (mask drawn on the
+    # device), philox_words its known-answer kernel
     for t in [F16, F32, F64]:
         add(dropout, "masked_scale", (a(t), a(t), a(B), t, t), f"masked_scale {t}")
-        add(dropout, "dropout_philox", (a(t), a(B), a(t), i64, F32, t, t, W32, W32, W32, W32),
-            f"dropout_philox {t}")
         add(dropout, "bias_dropout_add_philox", (a(t), a(B), a(t), a(t), a(t), B, B, i64, F32,
                                                  t, t, W32, W32, W32, W32),
             f"bias_dropout_add_philox {t}")
@@ -130,7 +129,7 @@ def test_every_kernel_function_has_a_spec():
 
 @pytest.mark.parametrize("label", ["optim.adam float32", "optim.sgd float32",
                                    "dropout.masked_scale float32",
-                                   "dropout.dropout_philox float32",
+                                   "dropout.bias_dropout_add_philox float32",
                                    "embedding.scatter_add_rows float32"])
 def test_float32_kernels_stay_in_float32(label, monkeypatch):
     """float32 math must not fall back to float64 (2x-64x slower on a GPU)."""

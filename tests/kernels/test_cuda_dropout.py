@@ -94,8 +94,11 @@ def test_fused_kernel_uses_32_bit_products(monkeypatch):
     not full 64-bit multiplies, and float32 data must not touch float64."""
     a = lambda t: t[::1]  # noqa: E731
     W32, F32 = nb.uint32, nb.float32
-    sig = (a(F32), a(nb.boolean), a(F32), nb.int64, F32, F32, F32, W32, W32, W32, W32)
-    ptxes = compile_ptx_all(cudrop.KERNEL_FACTORIES["dropout_philox"](), sig, monkeypatch)
+    B = nb.boolean
+    sig = (a(F32), a(B), a(F32), a(F32), a(F32), B, B, nb.int64, F32, F32, F32, W32, W32, W32,
+           W32)
+    ptxes = compile_ptx_all(cudrop.KERNEL_FACTORIES["bias_dropout_add_philox"](), sig,
+                            monkeypatch)
     for (major, minor), ptx in ptxes.items():
         sm = f"sm_{major}{minor}"
         lines = [ln.strip() for ln in ptx.splitlines()]

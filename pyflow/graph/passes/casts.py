@@ -20,7 +20,7 @@ other op, so graphs traced without autocast come out unchanged.
 from ... import dtypes as _dt
 from ...ops.shape import Cast
 from ..ir import Value, substitute
-from .simplify import _forwards_with_backward, _with_args
+from .simplify import _forwards_with_backward, _with_args, rebuilt
 
 __all__ = ["remove_redundant_casts"]
 
@@ -70,11 +70,7 @@ def remove_redundant_casts(graph):
             done[(src.id, dtype)] = out
             made_by[out.id] = (src, dtype)
         kept.append(node)
-    g = graph.copy()
-    g.nodes = kept
-    g.outputs = substitute(graph.outputs, lookup)
-    if graph.backward is not None:
-        g.backward = substitute(graph.backward, lookup)
+    g = rebuilt(graph, kept, lookup)
     g.history.append(("remove_redundant_casts", f"removed {len(removed)} casts"
                       + (f": {', '.join(removed[:6])}" + (" ..." if len(removed) > 6 else "")
                          if removed else "")))

@@ -71,14 +71,21 @@ def constant_folding(graph):
         if any(v.id in replaced for v in node.inputs):
             node = _with_args(node, args, kwargs)
         kept.append(node)
-    g = graph.copy()
-    g.nodes = kept
-    g.outputs = substitute(graph.outputs, lookup)
-    if graph.backward is not None:
-        g.backward = substitute(graph.backward, lookup)
+    g = rebuilt(graph, kept, lookup)
     g.history.append(("constant_folding", f"folded {len(folded)} nodes into constants"
                       + (f": {', '.join(folded[:8])}" + (" ..." if len(folded) > 8 else "")
                          if folded else "")))
+    return g
+
+
+def rebuilt(graph, nodes, lookup):
+    """A copy of ``graph`` with ``nodes``, whose outputs and backward read their
+    Values through ``lookup`` (a pass that replaced some)."""
+    g = graph.copy()
+    g.nodes = nodes
+    g.outputs = substitute(graph.outputs, lookup)
+    if graph.backward is not None:
+        g.backward = substitute(graph.backward, lookup)
     return g
 
 
