@@ -13,6 +13,10 @@ the two row (or channel) sums and one for dx.
   rows, writing both (a pre-LN transformer keeps s as its residual stream).
   Its backward is layer_norm's with the gradient of s added into dx in the
   same kernel (``g_sum``), since both inputs of the sum get that one gradient.
+* ``batch_norm_add_relu``: relu(batch_norm(x) + addend), the tail of a ResNet
+  block, in one pass; its backward takes the relu mask from the output
+  (y > 0) inline and gives the addend's gradient and batch_norm's backward
+  of the masked gradient in batch_norm_backward's two passes.
 
 layer_norm, rms_norm and add_layer_norm work on (rows, n) with normalized
 dims flattened last; batch_norm on (N, C, S) with every dim after C flattened
@@ -319,3 +323,114 @@ def batch_norm_backward(g, x, mean, rstd, w, training):
     dw, db = np.empty(C, np.float64), np.empty(C, np.float64)
     _batch_norm_backward(g, x, mean, rstd, w, bool(training), dx, dw, db)
     return dx, dw.astype(x.dtype), db.astype(x.dtype)
+
+
+# ------------------------------------------------------------------ batch_norm_add_relu
+# The apply kernel has no reduction: no 'reassoc', so LLVM cannot regroup
+# (x * a + b) + addend as x * a + (b + addend) and the result stays that of
+# batch_norm_apply, then add, then relu, op by op.
+APPLY_JIT = dict(nogil=True, cache=True, error_model="numpy", fastmath={"nsz", "arcp", "contract"})
+
+
+@twin(**APPLY_JIT)
+def _channel_affine_add_relu(x, scale, shift, addend, has_addend, zero, out):
+    """out = relu(x * scale[c] + shift[c] + addend) (addend only if has_addend)."""
+    N, C, S = x.shape
+    for p in prange(N * C):
+        i, c = p // C, p % C
+        a, b = scale[c], shift[c]
+        if has_addend:
+            for k in range(S):
+                v = x[i, c, k] * a + b
+                v = v + addend[i, c, k]
+                out[i, c, k] = zero if v < zero else v      # relu: NaN and -0.0 pass
+        else:
+            for k in range(S):
+                v = x[i, c, k] * a + b
+                out[i, c, k] = zero if v < zero else v
+
+
+@twin(**JIT)
+def _batch_norm_add_relu_backward(g, y, x, mean, rstd, w, training, has_da, zero, dx, da, dw, db):
+    """batch_norm's backward of gm = g where y > 0 (relu's threshold_backward),
+    gm computed inline.  has_da: gm is also written to da (the addend's gradient)
+    in the first pass and read back in the second; otherwise recomputed there."""
+    N, C, S = x.shape
+    m = N * S
+    for c in prange(C):
+        mu, r = mean[c], rstd[c]
+        sg = 0.0
+        sgx = 0.0
+        if has_da:
+            for i in range(N):
+                for k in range(S):
+                    gm = zero if y[i, c, k] <= zero else g[i, c, k]
+                    da[i, c, k] = gm
+                    sg += gm
+                    sgx += gm * (x[i, c, k] - mu)
+        else:
+            for i in range(N):
+                for k in range(S):
+                    gm = zero if y[i, c, k] <= zero else g[i, c, k]
+                    sg += gm
+                    sgx += gm * (x[i, c, k] - mu)
+        dw[c] = sgx * r
+        db[c] = sg
+        wr = w[c] * r
+        if training:   # the batch statistics depend on x too
+            a = sg / m
+            bb = sgx * r / m
+            if has_da:
+                for i in range(N):
+                    for k in range(S):
+                        xhat = (x[i, c, k] - mu) * r
+                        dx[i, c, k] = wr * (da[i, c, k] - a - xhat * bb)
+            else:
+                for i in range(N):
+                    for k in range(S):
+                        gm = zero if y[i, c, k] <= zero else g[i, c, k]
+                        xhat = (x[i, c, k] - mu) * r
+                        dx[i, c, k] = wr * (gm - a - xhat * bb)
+        elif has_da:
+            for i in range(N):
+                for k in range(S):
+                    dx[i, c, k] = wr * da[i, c, k]
+        else:
+            for i in range(N):
+                for k in range(S):
+                    gm = zero if y[i, c, k] <= zero else g[i, c, k]
+                    dx[i, c, k] = wr * gm
+
+
+@register("batch_norm_add_relu_apply", "cpu")
+def batch_norm_add_relu_apply(x, addend, mean, rstd, w, b):
+    """relu((x - mean) * rstd * w + b + addend) per channel of x (N, C, S) in one
+    pass; addend (N, C, S) or None, w, b may be None.  The same arithmetic as
+    batch_norm_apply, then the add, then relu."""
+    x = np.ascontiguousarray(x)
+    scale = rstd.astype(np.float64) * (1.0 if w is None else w)
+    shift = (0.0 if b is None else b) - mean * scale
+    has_addend = addend is not None
+    if has_addend and tuple(addend.shape) != x.shape:
+        raise ValueError(f"batch_norm_add_relu_apply: addend must have the shape of x "
+                         f"{x.shape}, got {tuple(addend.shape)}")
+    addend = np.ascontiguousarray(addend, x.dtype) if has_addend else x   # x: never read
+    out = np.empty_like(x)
+    _channel_affine_add_relu(x, scale.astype(x.dtype), np.asarray(shift, x.dtype), addend,
+                             has_addend, x.dtype.type(0), out)
+    return out
+
+
+@register("batch_norm_add_relu_backward", "cpu")
+def batch_norm_add_relu_backward(g, y, x, mean, rstd, w, training, addend_grad):
+    """g: gradient of out = relu(batch_norm(x) + addend); y: out.  Returns dx (N, C, S),
+    d_addend (N, C, S: g where y > 0; None unless addend_grad), dw (C,), db (C,)."""
+    g, y, x = np.ascontiguousarray(g), np.ascontiguousarray(y), np.ascontiguousarray(x)
+    C = x.shape[1]
+    w = np.ones(C, x.dtype) if w is None else np.ascontiguousarray(w)
+    dx = np.empty_like(x)
+    da = np.empty_like(x) if addend_grad else dx      # dx: never written through da
+    dw, db = np.empty(C, np.float64), np.empty(C, np.float64)
+    _batch_norm_add_relu_backward(g, y, x, mean, rstd, w, bool(training), bool(addend_grad),
+                                  x.dtype.type(0), dx, da, dw, db)
+    return dx, da if addend_grad else None, dw.astype(x.dtype), db.astype(x.dtype)

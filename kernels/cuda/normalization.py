@@ -29,6 +29,11 @@ Same calls and results as ``kernels/cpu/normalization.py``:
 * ``batch_norm_apply``: a grid-stride loop, (x - mean) * rstd * w + b per channel.
 * ``batch_norm_backward``: one block per channel (the sums of g and
   g*(x - mean), then dx).
+* ``batch_norm_add_relu_apply``: batch_norm_apply's grid-stride loop with the
+  addend added and relu taken before the one write.
+* ``batch_norm_add_relu_backward``: batch_norm_backward's block per channel on
+  gm = g where y > 0 (y the output), computed inline; gm, the addend's
+  gradient, is written in the first pass and read back in the second.
 
 Shared block reductions and host helpers live in ``softmax.py``.
 """
@@ -346,6 +351,75 @@ def _batch_norm_backward(dtype):
     return batch_norm_backward
 
 
+def _channel_affine_add_relu(dtype):
+    """out = relu(x * scale + shift + addend), scale and shift as channel_affine's."""
+    one, zero = dtype.type(1), dtype.type(0)
+
+    def channel_affine_add_relu(x, addend, mean, rstd, w, b, has_addend, has_w, has_b, out):
+        N, C, S = x.shape
+        for e in range(cuda.grid(1), N * C * S, cuda.gridsize(1)):
+            p = e // S
+            k = e - p * S
+            i = p // C
+            c = p - i * C
+            scale = rstd[c] * (w[c] if has_w else one)
+            shift = (b[c] if has_b else zero) - mean[c] * scale
+            v = x[i, c, k] * scale + shift
+            if has_addend:
+                v = v + addend[i, c, k]
+            out[i, c, k] = zero if v < zero else v      # relu: NaN and -0.0 pass
+    channel_affine_add_relu.__name__ = f"channel_affine_add_relu_{dtype.name}"
+    return channel_affine_add_relu
+
+
+def _batch_norm_add_relu_backward(dtype):
+    """batch_norm_backward of gm = g where y > 0, gm computed inline; with has_da
+    gm is written to da (the addend's gradient) in the first pass and read back
+    in the second, otherwise recomputed there."""
+    acc, nb = dtype.type, NUMBA_FLOAT[dtype]
+    zero, one = acc(0), acc(1)
+    block_sum = device_helpers(acc)["block_sum"]
+
+    def batch_norm_add_relu_backward(g, y, x, mean, rstd, w, has_w, training, has_da,
+                                     dx, da, dw, db):
+        shg = cuda.shared.array(MAX_WARPS, nb)
+        shx = cuda.shared.array(MAX_WARPS, nb)
+        N, C, S = x.shape
+        m = N * S
+        tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+        for ch in range(cuda.blockIdx.x, C, cuda.gridDim.x):
+            mu, r = mean[ch], rstd[ch]
+            sg, sgx = zero, zero
+            for e in range(tid, m, nt):
+                i = e // S
+                k = e - i * S
+                gv = zero if y[i, ch, k] <= zero else g[i, ch, k]
+                if has_da:
+                    da[i, ch, k] = gv
+                sg += gv
+                sgx += gv * (x[i, ch, k] - mu)
+            sg = block_sum(sg, shg)
+            sgx = block_sum(sgx, shx)
+            if tid == 0:
+                dw[ch] = sgx * r
+                db[ch] = sg
+            wr = (w[ch] if has_w else one) * r
+            a = sg / acc(m)
+            bb = sgx * r / acc(m)
+            for e in range(tid, m, nt):
+                i = e // S
+                k = e - i * S
+                # da[i, ch, k] was written by this thread in the first loop
+                gv = da[i, ch, k] if has_da else (zero if y[i, ch, k] <= zero else g[i, ch, k])
+                if training:   # the batch statistics depend on x too
+                    xhat = (x[i, ch, k] - mu) * r
+                    dx[i, ch, k] = wr * (gv - a - xhat * bb)
+                else:
+                    dx[i, ch, k] = wr * gv
+    batch_norm_add_relu_backward.__name__ = f"batch_norm_add_relu_backward_{dtype.name}"
+    return batch_norm_add_relu_backward
+
+
 _FACTORIES = {"layer_norm_forward": _layer_norm_forward,
               "layer_norm_backward_dx": _layer_norm_backward_dx,
               "add_layer_norm_forward": _add_layer_norm_forward,
@@ -353,7 +427,9 @@ _FACTORIES = {"layer_norm_forward": _layer_norm_forward,
               "rms_norm_backward_dx": _rms_norm_backward_dx,
               "layer_norm_param_partials": _layer_norm_param_partials,
               "sum_chunks": _sum_chunks, "channel_stats": _channel_stats,
-              "channel_affine": _channel_affine, "batch_norm_backward": _batch_norm_backward}
+              "channel_affine": _channel_affine, "batch_norm_backward": _batch_norm_backward,
+              "channel_affine_add_relu": _channel_affine_add_relu,
+              "batch_norm_add_relu_backward": _batch_norm_add_relu_backward}
 
 
 def _signature(kind, dtype):
@@ -369,7 +445,10 @@ def _signature(kind, dtype):
             "sum_chunks": (m2, m2, v, v),
             "channel_stats": (m3, v, v),
             "channel_affine": (m3, v, v, v, v, flag, flag, m3),
-            "batch_norm_backward": (m3, m3, v, v, v, flag, flag, m3, v, v)}[kind]
+            "batch_norm_backward": (m3, m3, v, v, v, flag, flag, m3, v, v),
+            "channel_affine_add_relu": (m3, m3, v, v, v, v, flag, flag, flag, m3),
+            "batch_norm_add_relu_backward": (m3, m3, m3, v, v, v, flag, flag, flag, m3, m3,
+                                             v, v)}[kind]
 
 
 def kernel_specs():
@@ -610,3 +689,57 @@ def batch_norm_backward(g, x, mean, rstd, w, training):
         as_input(g), as_input(x), as_input(mean), as_input(rstd), as_input(w_arr), has_w,
         bool(training), dx, dw, db)
     return dx, dw, db
+
+
+@register("batch_norm_add_relu_apply", "cuda")
+def batch_norm_add_relu_apply(x, addend, mean, rstd, w, b):
+    """relu((x - mean) * rstd * w + b + addend) per channel of x (N, C, S) in one
+    pass; addend (N, C, S) or None, w, b may be None."""
+    op = "batch_norm_add_relu_apply"
+    _check_ncs(x, op, "x")
+    dtype = check_float(x, op)
+    x = contiguous(x)
+    N, C, S = x.shape
+    has_addend = addend is not None
+    if has_addend:
+        _check_same(addend, x, op, "addend", "x")
+        addend = contiguous(addend, dtype)
+    out = empty((N, C, S), dtype, x)
+    if out.size == 0:
+        return out
+    mean = _stats(mean, C, dtype, x, op, "mean")
+    rstd = _stats(rstd, C, dtype, x, op, "rstd")
+    w_arr, has_w = _param(w, C, dtype, mean, op, "weight")
+    b_arr, has_b = _param(b, C, dtype, mean, op, "bias")
+    blocks, threads = launch_config(N * C * S)
+    _kernel("channel_affine_add_relu", dtype)[blocks, threads, stream()](
+        as_input(x), as_input(addend if has_addend else x), as_input(mean), as_input(rstd),
+        as_input(w_arr), as_input(b_arr), has_addend, has_w, has_b, out)
+    return out
+
+
+@register("batch_norm_add_relu_backward", "cuda")
+def batch_norm_add_relu_backward(g, y, x, mean, rstd, w, training, addend_grad):
+    """g: gradient of out = relu(batch_norm(x) + addend); y: out.  Returns dx (N, C, S),
+    d_addend (N, C, S: g where y > 0; None unless addend_grad), dw (C,), db (C,)."""
+    op = "batch_norm_add_relu_backward"
+    _check_ncs(x, op, "x")
+    _check_same(g, x, op, "g", "x")
+    _check_same(y, x, op, "y", "x")
+    dtype = check_float(x, op)
+    g, y, x = contiguous(g, dtype), contiguous(y, dtype), contiguous(x)
+    N, C, S = x.shape
+    dx, dw, db = empty((N, C, S), dtype, x), empty(C, dtype, x), empty(C, dtype, x)
+    da = empty((N, C, S), dtype, x) if addend_grad else None
+    if C == 0:
+        return dx, da, dw, db
+    mean = _stats(mean, C, dtype, x, op, "mean")
+    rstd = _stats(rstd, C, dtype, x, op, "rstd")
+    w_arr, has_w = _param(w, C, dtype, mean, op, "weight")
+    # without addend_grad the kernel never touches da: a stand-in of one element (not
+    # dx, an output the simulator would copy back a second time, over the first)
+    _kernel("batch_norm_add_relu_backward", dtype)[row_blocks(C), row_threads(N * S), stream()](
+        as_input(g), as_input(y), as_input(x), as_input(mean), as_input(rstd), as_input(w_arr),
+        has_w, bool(training), bool(addend_grad), dx,
+        empty((1, 1, 1), dtype, x) if da is None else da, dw, db)
+    return dx, da, dw, db

@@ -195,7 +195,8 @@ def split_for_accumulation(inputs, n):
 def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
                  executor="actors", fuse_elementwise=True, fuse_add_to_output=False,
                  fuse_model_update=False, in_place=True, fuse_actor_chains=True, kernel_plan=True,
-                 cuda_graphs=True, fuse_attention=True, grad_scaler=None, fuse_residual=False):
+                 cuda_graphs=True, fuse_attention=True, grad_scaler=None, fuse_residual=True,
+                 fuse_batch_norm_relu=False):
     """Trace ``build`` and return the Plan for this input signature.  (The trace
     draws from private copies of the generators: it shifts no random stream.)
     With a ``grad_scaler`` the backward is seeded with its scale, read at run
@@ -215,6 +216,8 @@ def compile_plan(build, inputs, state_names, optimizers=(), accumulation=1,
                        else _skipped("fuse_attention")),
                       ("fuse_residual", passes.fuse_residual if fuse_residual
                        else _skipped("fuse_residual")),
+                      ("fuse_batch_norm_relu", passes.fuse_batch_norm_relu
+                       if fuse_batch_norm_relu else _skipped("fuse_batch_norm_relu")),
                       ("fuse_elementwise", passes.fuse_elementwise if fuse_elementwise
                        else _skipped("fuse_elementwise")),
                       ("fuse_add_to_output", passes.fuse_add_to_output if fuse_add_to_output

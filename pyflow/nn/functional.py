@@ -13,7 +13,7 @@ __all__ = ["linear", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"
            "mse_loss", "l1_loss", "binary_cross_entropy_with_logits",
            "scaled_dot_product_attention", "pad", "one_hot",
            "rms_norm", "fused_add_layer_norm", "fused_bias_add_gelu", "fused_bias_dropout_add",
-           "fused_scale_mask_softmax",
+           "fused_scale_mask_softmax", "fused_batch_norm_add_relu",
            "fused_scale_mask_softmax_dropout"]
 
 from .. import ops as _ops
@@ -143,5 +143,5 @@ def __getattr__(name):
 # (pyflow's own, as OneFlow's flow._C.fused_*: one kernel pass for what PyTorch
 # code writes as several ops; each equals its unfused composition)
 from ..ops.fused import fused_bias_add_gelu, fused_bias_dropout_add  # noqa: E402
-from ..ops.normalization import fused_add_layer_norm  # noqa: E402
+from ..ops.normalization import fused_add_layer_norm, fused_batch_norm_add_relu  # noqa: E402
 from ..ops.softmax import fused_scale_mask_softmax, fused_scale_mask_softmax_dropout  # noqa: E402,E501

@@ -17,6 +17,14 @@ under ``no_grad``), outside autograd.  batch_norm is made of ops only
 (BatchNormStats, RunningAverage, BatchNorm), so a graph traces it like any
 other code: its running statistics become ``assign`` nodes and its backward
 a node of the graph's autograd pass.
+
+fused_batch_norm_add_relu is ``relu(batch_norm(x) + addend)``, the tail of a
+ResNet block (OneFlow's ``normalization_add_relu``): batch_norm's statistics
+and running-statistic updates, then one kernel pass for the normalization,
+the add and the relu (BatchNormAddRelu), whose backward takes the relu mask
+from the output inline and writes the addend's gradient and batch_norm's
+gradients of it in batch_norm_backward's two passes.  In float32 it rounds op
+by op as the unfused ops do: the same bits, forward and backward.
 """
 import math
 import numbers
@@ -33,7 +41,8 @@ from ..distributed.sbp import broadcast as _B
 from ..distributed.sbp import split as _S
 from ..distributed.signatures import Candidate, layer_norm_rule, rows_rule
 
-__all__ = ["layer_norm", "rms_norm", "fused_add_layer_norm", "batch_norm"]
+__all__ = ["layer_norm", "rms_norm", "fused_add_layer_norm", "batch_norm",
+           "fused_batch_norm_add_relu"]
 
 
 def _maybe(t, dtype):
@@ -417,25 +426,29 @@ def _batch_norm_grads(g, x, w, ctx):
     return dx, (g * xhat).sum(dims), g.sum(dims)
 
 
-def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
-               momentum=0.1, eps=1e-5):
-    """Batch normalization over (N, C), (N, C, L), (N, C, H, W) ... inputs, per channel C."""
-    check_tensor(input, "input", "batch_norm")
+def _check_batch_norm_args(op, input, running_mean, running_var, weight, bias, momentum):
+    check_tensor(input, "input", op)
     if input.ndim < 2:
-        raise ValueError(f"batch_norm(): expected an input of at least 2 dims (N, C, ...), got "
+        raise ValueError(f"{op}(): expected an input of at least 2 dims (N, C, ...), got "
                          f"shape {list(input.shape)}")
     if not input.dtype.is_floating_point:
-        raise RuntimeError(f"batch_norm(): expected a floating point input, got {input.dtype}")
+        raise RuntimeError(f"{op}(): expected a floating point input, got {input.dtype}")
     C = input.shape[1]
     for name, t in (("running_mean", running_mean), ("running_var", running_var),
                     ("weight", weight), ("bias", bias)):
         if t is not None:
-            check_tensor(t, name, "batch_norm")
+            check_tensor(t, name, op)
             if tuple(t.shape) != (C,):
-                raise RuntimeError(f"batch_norm(): expected {name} of shape [{C}] (the channel "
+                raise RuntimeError(f"{op}(): expected {name} of shape [{C}] (the channel "
                                    f"dim of input {list(input.shape)}), got {list(t.shape)}")
     if not isinstance(momentum, numbers.Real) or isinstance(momentum, Tensor):
-        raise TypeError(f"batch_norm(): momentum must be a float, got {momentum!r}")
+        raise TypeError(f"{op}(): momentum must be a float, got {momentum!r}")
+
+
+def _batch_norm_statistics(op, input, running_mean, running_var, training, momentum):
+    """(input, mean, var) for the normalization: the batch's, with the running
+    statistics updated in place (training), or the running statistics (eval);
+    input made replicated when training on a global tensor."""
     if training and input._placement is not None:
         # batch statistics need every sample (BatchNormStats and BatchNorm have the
         # all-broadcast signature)
@@ -454,7 +467,106 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                                                        count / (count - 1)))
     else:
         if running_mean is None or running_var is None:
-            raise RuntimeError("batch_norm(): running_mean and running_var must be given when "
+            raise RuntimeError(f"{op}(): running_mean and running_var must be given when "
                                "training=False (evaluation uses the running statistics)")
         mean, var = running_mean, running_var
+    return input, mean, var
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5):
+    """Batch normalization over (N, C), (N, C, L), (N, C, H, W) ... inputs, per channel C."""
+    _check_batch_norm_args("batch_norm", input, running_mean, running_var, weight, bias, momentum)
+    input, mean, var = _batch_norm_statistics("batch_norm", input, running_mean, running_var,
+                                              training, momentum)
     return BatchNorm.apply(input, weight, bias, mean, var, bool(training), float(eps))
+
+
+# ------------------------------------------------------------------ fused_batch_norm_add_relu
+_S0, _S1 = _S(0), _S(1)
+
+
+def _batch_norm_add_relu_rule(args):
+    """Per channel: input and addend split on C, weight, bias and the statistics
+    split alike (the batch statistics were taken over every sample already), out
+    split on C; or everything broadcast."""
+    tensors = [a for a in args[:6] if a is not None]
+    split = tuple(s for a, s in zip(args[:6], (_S1, _S1, _S0, _S0, _S0, _S0)) if a is not None)
+    return [Candidate(split, (_S1,)), Candidate((_B,) * len(tensors), (_B,))]
+
+
+class BatchNormAddRelu(Function):
+    """relu(batch_norm(x) + addend) in one kernel pass (OneFlow's
+    normalization_add_relu); ``addend`` may be None.  ``mean`` and ``var`` as
+    in BatchNorm.  The output is saved: the relu mask is ``y > 0``, taken
+    inline by the backward kernel, which writes the addend's gradient (the
+    masked gradient) and batch_norm's dx, dweight, dbias of it."""
+    sbp_rule = _batch_norm_add_relu_rule
+
+    @staticmethod
+    def forward(ctx, x, addend, weight, bias, mean, var, training, eps):
+        dt = x.dtype
+        # ctx keeps its own copy: the running statistics change in place
+        mean_a = compute_array(mean, dt).copy()
+        var_a = compute_array(var, dt)
+        rstd = (1.0 / array_module(var_a).sqrt(var_a.astype(np.float64) + eps)).astype(
+            mean_a.dtype)
+        out = kernel("batch_norm_add_relu_apply", x.device.type)(
+            _as_ncs(compute_array(x, dt)),
+            None if addend is None else _as_ncs(compute_array(addend, dt)),
+            mean_a, rstd, _maybe(weight, dt), _maybe(bias, dt))
+        y = wrap(out.reshape(x.shape), dt, x.device)
+        ctx.mean, ctx.rstd, ctx.training, ctx.eps = mean_a, rstd, training, eps
+        ctx.has_addend, ctx.has_bias = addend is not None, bias is not None
+        ctx.save_for_backward(x, weight, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w, y = ctx.saved_tensors
+        dt = x.dtype
+        addend_grad = ctx.has_addend and ctx.needs_input_grad[1]
+        if is_grad_enabled():
+            from .elementwise import le, where
+            gm = where(le(y, 0), 0.0, g)        # relu's backward, as F.relu records it
+            dx, dw, db = _batch_norm_grads(gm, x, w, ctx)
+            da = gm
+        else:
+            dx, da, dw, db = kernel("batch_norm_add_relu_backward", x.device.type)(
+                _as_ncs(compute_array(g, dt)), _as_ncs(compute_array(y, dt)),
+                _as_ncs(compute_array(x, dt)), ctx.mean, ctx.rstd, _maybe(w, dt),
+                ctx.training, addend_grad)
+            dx = wrap(dx.reshape(x.shape), dt, x.device)
+            if addend_grad:
+                da = wrap(da.reshape(x.shape), dt, x.device)
+            dw, db = wrap(dw, dt, x.device), wrap(db, dt, x.device)
+        return (dx, da if addend_grad else None,
+                _grad_as(dw, w) if w is not None and ctx.needs_input_grad[2] else None,
+                _grad_as(db, w) if ctx.has_bias and ctx.needs_input_grad[3] else None,
+                None, None, None, None)
+
+
+def fused_batch_norm_add_relu(input, addend, running_mean, running_var, weight=None, bias=None,
+                              training=False, momentum=0.1, eps=1e-5):
+    """``relu(batch_norm(input, running_mean, running_var, weight, bias, training,
+    momentum, eps) + addend)`` (OneFlow's ``normalization_add_relu``, the tail of a
+    ResNet block) with the normalization, the add and the relu in one kernel pass
+    and their backward in one kernel.  Arguments as ``batch_norm``'s (the running
+    statistics are updated alike when training); ``addend`` has input's shape,
+    dtype and device, or is None (batch_norm + relu)."""
+    op = "fused_batch_norm_add_relu"
+    _check_batch_norm_args(op, input, running_mean, running_var, weight, bias, momentum)
+    if addend is not None:
+        check_tensor(addend, "addend", op)
+        if tuple(addend.shape) != tuple(input.shape):
+            raise RuntimeError(f"{op}(): expected addend of the shape of input "
+                               f"{list(input.shape)}, got {list(addend.shape)}")
+        if addend.dtype is not input.dtype:
+            raise RuntimeError(f"{op}(): expected addend of input's dtype {input.dtype}, got "
+                               f"{addend.dtype}")
+    check_same_device(op, ("input", input), addend=addend, running_mean=running_mean,
+                      running_var=running_var, weight=weight, bias=bias)
+    input, mean, var = _batch_norm_statistics(op, input, running_mean, running_var, training,
+                                              momentum)
+    return BatchNormAddRelu.apply(input, addend, weight, bias, mean, var, bool(training),
+                                  float(eps))

@@ -22,7 +22,8 @@ from pyflow.ops import elementwise as ew  # noqa: E402
 from pyflow.ops.attention import FusedAttention  # noqa: E402
 from pyflow.ops.fused import FusedBiasDropoutAdd, fused_function  # noqa: E402
 from pyflow.ops.loss import TargetWeightSum  # noqa: E402
-from pyflow.ops.normalization import BatchNormStats, fused_add_layer_norm, rms_norm  # noqa: E402
+from pyflow.ops.normalization import (BatchNormStats, fused_add_layer_norm,  # noqa: E402
+                                     fused_batch_norm_add_relu, rms_norm)
 from pyflow.ops.softmax import (fused_scale_mask_softmax,  # noqa: E402
                                 fused_scale_mask_softmax_dropout)
 
@@ -106,6 +107,11 @@ CASES = {
                                                                       (2 * n,)], ()),
     "BatchNorm": (lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
                   [(2 * n, n, 2), (n,), (n,)], ()),
+    # training (batch statistics) plus eval (w and b, detached, as running statistics)
+    "BatchNormAddRelu": (lambda x, a, w, b: fused_batch_norm_add_relu(
+        x, a, None, None, w, b, training=True) + fused_batch_norm_add_relu(
+        x, a, w.detach(), positive(b).detach(), w, b), [(2 * n, n, 2), (2 * n, n, 2), (n,), (n,)],
+        ()),
     "BatchNormStats": (lambda x: sum(BatchNormStats.apply(x)) + x.mean((0, 2)),
                        [(2 * n, n, 2)], ()),
     "RunningAverage": (lambda x, r: running_after_batch_norm(x, r), [(2 * n, n, 2), (n,)], ()),

@@ -8,7 +8,7 @@ import pyflow as pf
 import pyflow.nn as nn
 import pyflow.nn.functional as F
 from pyflow.graph import trace
-from pyflow.graph.passes import fuse_residual
+from pyflow.graph.passes import fuse_batch_norm_relu, fuse_residual
 from pyflow.ops.fused import FusedBiasDropoutAdd
 from pyflow.ops.normalization import FusedAddLayerNorm, LayerNorm
 from tests.helpers import executors, to_numpy
@@ -125,3 +125,51 @@ def test_fused_graph_trains_as_eager_and_as_the_unfused_graph(executor, p):
     np.testing.assert_allclose(losses[0], to_numpy(loss), rtol=1e-6, atol=1e-7)
     for p, q in zip(models[1].parameters(), models[0].parameters()):
         np.testing.assert_allclose(to_numpy(p), to_numpy(q), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ batch_norm + add + relu
+def _resnet(seed=0):
+    from pyflow.models import resnet
+    pf.manual_seed(seed)
+    return resnet.ResNet(resnet.BasicBlock, (1, 1, 1, 1), num_classes=5, width=4)
+
+
+def test_every_batch_norm_relu_of_a_resnet_fuses():
+    from pyflow.ops.normalization import BatchNormAddRelu
+    model = _resnet()
+    graph = fuse_batch_norm_relu(trace(lambda x: model(x), [pf.randn(2, 3, 16, 16)]))
+    targets = _targets(graph.nodes)
+    # the stem's bn+relu, and in each of 4 blocks bn1+relu and bn2+add+relu
+    assert targets.count(BatchNormAddRelu) == 9
+    assert "batchnorm" in graph.history[-1][1] and "+add_" in graph.history[-1][1]
+
+
+class ResNetStep(nn.Graph):
+    def __init__(self, model, opt, fuse):
+        super().__init__()
+        self.model = model
+        self.add_optimizer(opt)
+        self.config.allow_fuse_batch_norm_relu(fuse)
+
+    def build(self, x, y):
+        loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        return loss
+
+
+def test_fused_resnet_graph_trains_as_eager():
+    rng = np.random.default_rng(0)
+    x = pf.tensor(rng.standard_normal((4, 3, 16, 16)).astype(np.float32))
+    y = pf.tensor(rng.integers(0, 5, 4))
+    eager, fused = _resnet(), _resnet()
+    opt = pf.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    step = ResNetStep(fused, pf.optim.SGD(fused.parameters(), lr=0.1, momentum=0.9), True)
+    for _ in range(3):
+        opt.zero_grad()
+        loss = F.cross_entropy(eager(x), y)
+        loss.backward()
+        opt.step()
+        np.testing.assert_allclose(to_numpy(step(x, y)), to_numpy(loss), rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(eager.state_dict().items(), fused.state_dict().values()):
+        np.testing.assert_allclose(to_numpy(b), to_numpy(a), rtol=1e-4, atol=1e-5, err_msg=name)
+    assert "BatchNormAddRelu" in str(step.plans[0].stages[-1][1])
