@@ -42,22 +42,30 @@ def kernel_specs():
             for name, t in (("float32", types.float32), ("float64", types.float64))]
 
 
+def described_floats(op, arrays, name, dtype_error):
+    """[(array, element count, dtype)] of float16/32/64 device arrays, checked: a
+    TypeError naming ``name[i]`` for anything else (``dtype_error(op, i, dtype)``
+    words the one for another dtype).  Shared with ``grad_norm.py``."""
+    out = []
+    for i, a in enumerate(arrays):
+        try:
+            shape, _, dtype = describe(a)
+        except Exception:
+            raise TypeError(f"{op}: '{name}[{i}]' must be a device array, got "
+                            f"{type(a).__name__}") from None
+        if dtype not in _FLOATS:
+            raise dtype_error(op, i, dtype)
+        out.append((a, math.prod(shape), dtype))
+    return out
+
+
 @register("amp_unscale_check", "cuda")
 def amp_unscale_check(grads, inv_scale):
     """Multiply every device array of ``grads`` in place by ``inv_scale``; return
     True if any of them held an inf or nan (before the multiplication)."""
     op = "amp_unscale_check"
     inv32 = check_call(op, grads, inv_scale)
-    described = []
-    for i, a in enumerate(grads):
-        try:
-            shape, _, dtype = describe(a)
-        except Exception:
-            raise TypeError(f"{op}: 'grads[{i}]' must be a device array, got "
-                            f"{type(a).__name__}") from None
-        if dtype not in _FLOATS:
-            raise dtype_error(op, i, dtype)
-        described.append((a, math.prod(shape), dtype))
+    described = described_floats(op, grads, "grads", dtype_error)
     found = zeros(1, np.int32, grads[0] if grads else None)
     for a, n, dtype in described:
         if n == 0:

@@ -14,7 +14,6 @@ float16 and non-contiguous arrays are reduced from a contiguous float32 (or own
 dtype) copy and scaled in one that is copied back, float16 rounding once as
 ATen's opmath does.  bfloat16: the caller passes float32 values, as on the CPU.
 """
-import math
 
 import numpy as np
 from numba import cuda, float64
@@ -22,11 +21,11 @@ from numba import cuda, float64
 from ..cpu.grad_norm import (MAX_ABS, SUM_ABS, SUM_SQUARES, check_call, dtype_error, finish,
                              norm_mode, scale_coef)
 from ..registry import register
+from .amp import described_floats
 from ._memory import MAX_BLOCKS, launch_config, simulated, stream, to_host, zeros
-from .copy import copy_into, describe, flat, is_contiguous
+from .copy import copy_into, flat, is_contiguous
 
 _FAST = (np.dtype(np.float32), np.dtype(np.float64))
-_FLOATS = (np.dtype(np.float16),) + _FAST
 REDUCE_THREADS = 256       # a power of two: the shared-memory tree halves it
 MAX_PARTIALS = 1024        # blocks (partials) per array at most
 
@@ -127,17 +126,7 @@ def _reduce_config(n):
 
 def _described(op, arrays):
     """[(array, element count, dtype)], checked."""
-    out = []
-    for i, a in enumerate(arrays):
-        try:
-            shape, _, dtype = describe(a)
-        except Exception:
-            raise TypeError(f"{op}: 'arrays[{i}]' must be a device array, got "
-                            f"{type(a).__name__}") from None
-        if dtype not in _FLOATS:
-            raise dtype_error(op, i, dtype)
-        out.append((a, math.prod(shape), dtype))
-    return out
+    return described_floats(op, arrays, "arrays", dtype_error)
 
 
 @register("multi_tensor_norm", "cuda")
