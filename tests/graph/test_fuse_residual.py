@@ -13,6 +13,11 @@ from pyflow.ops.fused import FusedBiasDropoutAdd
 from pyflow.ops.normalization import FusedAddLayerNorm, LayerNorm
 from tests.helpers import executors, to_numpy
 
+# The pass is the same on every device, and the fused ops' cuda kernels are
+# checked op by op on the simulator (tests/ops); whole simulated training runs
+# (minutes each there) are kept to the CPU.
+cpu_only = pytest.mark.cpu_only
+
 
 class Block(nn.Module):
     """A pre-LN residual block with dropout, as GPT's (two fusable spots each kind)."""
@@ -97,6 +102,7 @@ class TrainStep(nn.Graph):
         return loss
 
 
+@cpu_only
 @pytest.mark.parametrize("p", [0.2, 0.0])
 @pytest.mark.parametrize("executor", executors("sequential", "actors"))
 def test_fused_graph_trains_as_eager_and_as_the_unfused_graph(executor, p):
@@ -134,6 +140,7 @@ def _resnet(seed=0):
     return resnet.ResNet(resnet.BasicBlock, (1, 1, 1, 1), num_classes=5, width=4)
 
 
+@cpu_only
 def test_every_batch_norm_relu_of_a_resnet_fuses():
     from pyflow.ops.normalization import BatchNormAddRelu
     model = _resnet()
@@ -157,6 +164,7 @@ class ResNetStep(nn.Graph):
         return loss
 
 
+@cpu_only
 def test_fused_resnet_graph_trains_as_eager():
     rng = np.random.default_rng(0)
     x = pf.tensor(rng.standard_normal((4, 3, 16, 16)).astype(np.float32))

@@ -12,6 +12,11 @@ from pyflow.graph.passes import remove_redundant_casts
 from pyflow.ops.shape import Cast
 from tests.helpers import executors, to_numpy
 
+# the test device's type (cpu, or cuda under the simulator): eager references
+# autocast there, as the graph's enable_amp does on every device type
+DEV = pf.get_default_device().type
+LOWER = {"cpu": pf.bfloat16, "cuda": pf.float16}[DEV]      # autocast's default there
+
 
 def _mlp(seed=0):
     pf.manual_seed(seed)
@@ -53,7 +58,7 @@ def test_amp_graph_trains_as_eager_autocast(dtype, executor):
     step.config.set_executor(executor)
     for _ in range(4):
         eager_opt.zero_grad()
-        with pf.autocast("cpu", dtype=dtype):
+        with pf.autocast(DEV, dtype=dtype):
             loss = F.cross_entropy(eager_model(x), y)
         loss.backward()
         eager_opt.step()
@@ -70,10 +75,10 @@ def test_amp_graph_runs_the_products_in_the_lower_dtype():
     step = TrainStep(model, pf.optim.SGD(model.parameters(), lr=0.1))
     step(*_data())
     casts = _casts(step)
-    assert {n.args[1] for n in casts} >= {pf.bfloat16, pf.float32}    # default on cpu: bf16
+    assert {n.args[1] for n in casts} >= {LOWER, pf.float32}
     linears = [n for n in step.plans[0].stages[-1][1].nodes
                if n.kind == "call" and n.target.__name__ in ("Linear", "Addmm", "Matmul")]
-    assert linears and all(n.outputs[0].dtype is pf.bfloat16 for n in linears)
+    assert linears and all(n.outputs[0].dtype is LOWER for n in linears)
 
 
 def test_amp_off_records_no_cast_and_switching_recompiles():
@@ -106,7 +111,7 @@ def test_a_weight_read_by_two_products_is_cast_once():
 
     g = _Infer(fn)
     out = g(a, b)
-    with pf.autocast("cpu"):
+    with pf.autocast(DEV, dtype=pf.bfloat16):
         expected = fn(a, b)
     np.testing.assert_array_equal(to_numpy(out.float()), to_numpy(expected.float()))
     w_casts = [n for n in _casts(g) if n.args[0].kind == "state"]
@@ -157,7 +162,7 @@ class ScaledTrainStep(TrainStep):
 
 
 def _scaler():
-    return pf.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
+    return pf.amp.GradScaler(DEV, init_scale=2.0 ** 10, growth_interval=2)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")   # the overflowing step
@@ -177,7 +182,7 @@ def test_float16_graph_with_a_scaler_trains_as_the_eager_loop(executor):
     for inputs in [x, x, x, x, huge]:
         before = [to_numpy(p).copy() for p in graph_model.parameters()]
         eager_opt.zero_grad()
-        with pf.autocast("cpu", dtype=pf.float16):
+        with pf.autocast(DEV, dtype=pf.float16):
             loss = F.cross_entropy(eager_model(inputs), y)
         eager_scaler.scale(loss).backward()
         eager_scaler.step(eager_opt)
