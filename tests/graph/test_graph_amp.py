@@ -48,6 +48,7 @@ def _casts(graph_obj):
             if n.kind == "call" and n.target is Cast]
 
 
+@pytest.mark.cpu_only      # on the simulated device the float16 scaler test below covers it
 @pytest.mark.parametrize("executor", executors("sequential", "actors"))
 @pytest.mark.parametrize("dtype", [pf.bfloat16, pf.float16])
 def test_amp_graph_trains_as_eager_autocast(dtype, executor):
@@ -81,6 +82,7 @@ def test_amp_graph_runs_the_products_in_the_lower_dtype():
     assert linears and all(n.outputs[0].dtype is LOWER for n in linears)
 
 
+@pytest.mark.cpu_only      # compiling only: device-independent
 def test_amp_off_records_no_cast_and_switching_recompiles():
     model = _mlp()
     step = TrainStep(model, pf.optim.SGD(model.parameters(), lr=0.1), amp=False)
