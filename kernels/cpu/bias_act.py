@@ -17,14 +17,13 @@ in float64 per chunk of rows, then the chunks are added in order (so the
 result does not depend on the thread count, only its last bits on the
 summation order, against the unfused op's NumPy sum).
 """
-import numba
 import numpy as np
 from numba import njit, prange
 
 from .. import scalar
 from ..registry import register
 from .activation import JIT, _gelu, _gelu_backward, _gelu_tanh, _gelu_tanh_backward
-from .twin import twin
+from .twin import row_chunks, twin
 
 _exact = dict(inline="always", error_model="numpy")
 _gelu64 = njit(**_exact)(scalar.gelu)
@@ -96,10 +95,6 @@ def check_bias_gelu(op, x_shape, x_dtype, b_shape, b_dtype, approximate, g=None)
     return APPROXIMATE[approximate] + (2 if np.dtype(x_dtype) == np.float64 else 0)
 
 
-def _chunks(rows):
-    return max(1, min(rows, numba.get_num_threads() * 2))
-
-
 def _rows(a):
     """``a`` (contiguous, ``(..., n)``) as (rows, n), a view."""
     return a.reshape(-1, a.shape[-1])
@@ -126,7 +121,7 @@ def bias_gelu_backward(g, x, b, approximate="none"):
     g, x, b = np.ascontiguousarray(g), np.ascontiguousarray(x), np.ascontiguousarray(b)
     dx = np.empty(x.shape, x.dtype)
     n = x.shape[-1]
-    parts = np.zeros((_chunks(x.size // n if n else 0), n))
+    parts = np.zeros((row_chunks(x.size // n if n else 0), n))
     if dx.size:
         _bias_gelu_backward(op, _rows(g), _rows(x), b, _rows(dx), parts)
     return dx, parts.sum(0).astype(x.dtype)

@@ -39,12 +39,11 @@ elements are ``x * 0``, so NaN stays NaN, as in PyTorch.
 """
 import math
 
-import numba
 import numpy as np
 from numba import njit, prange
 
 from ..registry import register
-from .twin import twin
+from .twin import row_chunks, twin
 
 # Philox-4x32 constants (Random123): round multipliers and Weyl key increments.
 _M0 = np.uint64(0xD2511F53)
@@ -301,7 +300,7 @@ def dropout_bias_backward(g, keep, scale):
     dx = np.empty(g.shape, g.dtype)         # x's shape: an array of its own, not a view
     n = g.shape[-1]
     rows = g.size // n if n else 0
-    parts = np.zeros((max(1, min(rows, numba.get_num_threads() * 2)), n))
+    parts = np.zeros((row_chunks(rows), n))
     if g.size:
         _masked_scale_column_sums(g.reshape(rows, n), np.ascontiguousarray(keep).reshape(rows, n),
                                   g.dtype.type(scale), dx.reshape(rows, n), parts)

@@ -24,12 +24,11 @@ into S.
 """
 import math
 
-import numba
 import numpy as np
 from numba import prange
 
 from ..registry import register
-from .twin import twin
+from .twin import row_chunks, twin
 
 # reassociation lets LLVM vectorize the sums (no 'nnan'/'ninf': NaN stays NaN)
 JIT = dict(nogil=True, cache=True, error_model="numpy",
@@ -146,10 +145,6 @@ def _rms_norm_backward(g, x, rstd, w, dx, dw_parts):
                 dx[i, j] = r * (g[i, j] * w[j] - x[i, j] * r * bsum)
 
 
-def _chunks(rows):
-    return max(1, min(rows, numba.get_num_threads() * 2))
-
-
 @register("layer_norm", "cpu")
 def layer_norm(x, w, b, eps):
     """x: (rows, n); w, b: (n,) or None.  Returns out, mean (rows,), rstd (rows,)."""
@@ -176,7 +171,7 @@ def _layer_norm_dx_dw_db(g, g_sum, x, mean, rstd, w):
     dx = np.empty_like(x)
     has_gs = g_sum is not None
     gs = np.ascontiguousarray(g_sum, x.dtype) if has_gs else dx   # dx: never read
-    chunks = _chunks(rows)
+    chunks = row_chunks(rows)
     dw_parts, db_parts = np.zeros((chunks, n)), np.zeros((chunks, n))
     if rows:
         _layer_norm_backward(g, x, mean, rstd, w, gs, has_gs, dx, dw_parts, db_parts)
@@ -225,7 +220,7 @@ def rms_norm_backward(g, x, rstd, w):
     rows, n = x.shape
     w = np.ones(n, x.dtype) if w is None else np.ascontiguousarray(w).reshape(n)
     dx = np.empty_like(x)
-    chunks = _chunks(rows)
+    chunks = row_chunks(rows)
     dw_parts = np.zeros((chunks, n))
     if rows:
         _rms_norm_backward(g, x, rstd, w, dx, dw_parts)

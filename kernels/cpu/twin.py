@@ -24,6 +24,8 @@ their own rule (activation.py, index.py).
 """
 import types
 
+import numba
+
 from numba import njit
 
 PARALLEL_MIN = 1 << 18     # elements of work from which the threads pay for themselves
@@ -63,3 +65,12 @@ def _renamed(fn, suffix):
     clone.__qualname__ = fn.__qualname__ + suffix
     clone.__module__ = fn.__module__
     return clone
+
+
+def row_chunks(rows):
+    """How many chunks of rows a kernel with per-chunk partial sums (a column sum
+    over the rows: layer norm's dweight, a bias gradient) splits ``rows`` into:
+    two per thread, so the threads share the work even when one is slowed.  It
+    depends on the thread count only, not on which twin runs, so both give the
+    same partials and the same sum."""
+    return max(1, min(rows, numba.get_num_threads() * 2))

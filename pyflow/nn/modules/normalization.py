@@ -10,7 +10,6 @@ import numbers
 from ... import dtypes as _dt
 from ... import ops
 from ...autograd import no_grad
-from ...ops.normalization import rms_norm
 from .. import functional as F
 from .. import init
 from ..module import Module
@@ -186,7 +185,7 @@ class RMSNorm(Module):
             init.ones_(self.weight)
 
     def forward(self, input):
-        return rms_norm(input, self.normalized_shape, self.weight, self.eps)
+        return F.rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
     def extra_repr(self):
         return (f"{self.normalized_shape}, eps={self.eps}, "
