@@ -10,6 +10,8 @@ Typical op test::
         check_forward(pf.mul, np.multiply, [a, b])
         check_grad(pf.mul, [a, b])
 """
+import os
+
 import numpy as np
 import pytest
 from hypothesis import strategies as st
@@ -22,6 +24,21 @@ except ImportError:  # the reference is optional; tests that need it skip cleanl
     torch = None
 
 needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch (the reference) is not installed")
+
+# The op tests run twice: on the CPU, then with every tensor on the cuda device
+# under numba's simulator (``make test-cuda-sim``), where a case costs ~50x more.
+ON_SIMULATED_CUDA = (os.environ.get("PYFLOW_TEST_DEVICE") == "cuda"
+                     and os.environ.get("NUMBA_ENABLE_CUDASIM") == "1")
+
+
+def cases(every, simulated):
+    """Parametrize values: ``every`` one on the CPU, the ``simulated`` subset in the
+    simulated cuda run.  For long lists of shapes whose CPU cases check the
+    arithmetic, while the simulator needs only one of each kernel path."""
+    missing = [v for v in simulated if v not in every]
+    if missing:
+        raise ValueError(f"cases: simulated values {missing} are not among {every}")
+    return list(simulated) if ON_SIMULATED_CUDA else list(every)
 
 
 # ----------------------------------------------------------------- strategies
