@@ -1,5 +1,5 @@
-"""Two additions to numba's CUDA simulator: warp shuffles, and a block
-scheduler that waits instead of polling.
+"""Three changes to numba's CUDA simulator: warp shuffles, a block scheduler
+that waits instead of polling, and shared arrays allocated under a lock.
 
 Warp shuffles: the simulator (numba-cuda 0.30) has none.
 
@@ -11,6 +11,7 @@ warp must call a shuffle together (never under a per-thread branch).  Relies
 on two private attributes of the simulator's threads (``thread_id``,
 ``_manager``).
 """
+import sys
 import threading
 
 import numpy as np
@@ -130,8 +131,46 @@ def _install_event_driven_blocks():
         kernel.BlockThread.syncthreads = _notifying_syncthreads
 
 
+_shared_lock = threading.Lock()
+
+
+def _locked_shared_array(self, shape, dtype, alignment=None):
+    """FakeCUDAShared.array with its look-up-then-insert under a lock.
+
+    The simulator keys a block's shared arrays by the (file, line) that asks for
+    one and creates the array when the key is missing.  Unlocked, two threads of
+    a block could both find it missing and each keep an array of its own: a
+    block whose threads do not share memory, which made a GEMM output element
+    wrong about once in a few hundred launches under load.  The caller is read
+    from ``sys._getframe(1)`` (the simulator reads ``extract_stack()[-2]``, the
+    same frame, slower)."""
+    if alignment is not None:
+        raise RuntimeError("Array alignment is not supported in cudasim")
+    from numba.np import numpy_support
+    from numba.core import types
+    if isinstance(dtype, types.Type):
+        dtype = numpy_support.as_dtype(dtype)
+    if shape == 0:                  # dynamic shared memory: one buffer, no race
+        count = self._dynshared_size // dtype.itemsize
+        return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
+    frame = sys._getframe(1)
+    caller = (frame.f_code.co_filename, frame.f_lineno)
+    with _shared_lock:
+        found = self._allocations.get(caller)
+        if found is None:
+            found = self._allocations[caller] = np.empty(shape, dtype)
+    return found
+
+
+def _install_locked_shared_arrays():
+    from numba.cuda.simulator import kernelapi
+    if kernelapi.FakeCUDAShared.array is not _locked_shared_array:
+        kernelapi.FakeCUDAShared.array = _locked_shared_array
+
+
 def install():
     from numba import config
     if config.ENABLE_CUDASIM:
         _install_simulated_shuffles()
         _install_event_driven_blocks()
+        _install_locked_shared_arrays()
