@@ -7,6 +7,19 @@ The kernel (``gemm_function``) is the classic shared-memory SGEMM:
   ``BK x BN`` slice of B into shared memory (zeros past the matrix edges, so
   any M, N, K works), synchronise, and every thread multiplies from shared
   memory into its own ``TM x TN`` register block (``cuda.local.array``);
+* a thread's share of the next slices is loaded into registers whole, right
+  after the shared tiles are published and before the products begin, so
+  those global loads are in flight while it multiplies (one tile of
+  prefetch: ``BM*BK/threads + BK*BN/threads`` registers);
+* register budget: launch bounds of (threads, 2 blocks per multiprocessor)
+  hold ptxas to 128 registers a thread, and the index math is written so it
+  fits without spilling: thread positions are unsigned (numba's signed ``//``,
+  ``%`` round toward -inf and every signed array index is checked for
+  wraparound, each costing selects and live registers), and global element
+  indices are 32-bit unless an operand spans 2^32 elements.  ptxas -v for
+  sm_90 says 96-128 registers and no spills for every production variant
+  (docs/cuda.md has the table; tests/kernels/test_cuda_linalg_conv_ptx.py
+  checks it);
 * shared tiles are stored k-major with rows padded by 4 words, so storing a
   k-contiguous operand (row-major A, ``linear``'s transposed weight) hits
   distinct banks;
@@ -75,7 +88,8 @@ def check_tile(tile):
 
 
 # ------------------------------------------------------------------ the kernel
-def gemm_function(dtype, tile, a_k_contiguous=True, b_n_contiguous=True, has_bias=False):
+def gemm_function(dtype, tile, a_k_contiguous=True, b_n_contiguous=True, has_bias=False,
+                  wide_index=False):
     """The plain Python GEMM kernel (not yet ``cuda.jit``-ed) for ``dtype`` and ``tile``.
 
     Arguments of the kernel (``lay`` = element offset, row stride, column
@@ -83,16 +97,63 @@ def gemm_function(dtype, tile, a_k_contiguous=True, b_n_contiguous=True, has_bia
 
         gemm(c, c_lay, a, a_lay, b, b_lay, d, d_lay, M, N, K, batch_shape)
 
-    computes ``C[z] = A[z] @ B[z] (+ D[z])`` for every batch index z.
+    computes ``C[z] = A[z] @ B[z] (+ D[z])`` for every batch index z.  With
+    ``wide_index`` False, A's and B's element indices must fit 32 bits.
     """
     BM, BN, BK, TM, TN = check_tile(tile)
     TX, TY = BN // TN, BM // TM              # threads along a row / a column of the tile
     THREADS = TX * TY
+    A_SIZE, B_SIZE = BM * BK, BK * BN
+    LA, LB = -(-A_SIZE // THREADS), -(-B_SIZE // THREADS)   # elements a thread loads per tile
+    A_EXACT, B_EXACT = A_SIZE % THREADS == 0, B_SIZE % THREADS == 0
     # Tiles are stored k-major; a row padded by 4 words moves consecutive k of one
     # row (how a k-contiguous operand is loaded) to different banks.
     A_ROW, B_ROW = BM + 4, BN + 4
     acc_t = _ACC[np.dtype(dtype)]
     A_K_CONTIG, B_N_CONTIG, HAS_BIAS = bool(a_k_contiguous), bool(b_n_contiguous), bool(has_bias)
+    u64, i64 = np.uint64, np.int64
+    zero = acc_t(0)
+    # Global element indices in 32 bits (half the registers of 64-bit ones), unless
+    # an operand spans 2^32 elements or more (``wide_index``, chosen at launch).
+    idx = np.uint64 if wide_index else np.uint32
+
+    # Index math on thread positions is unsigned: numba's signed // and % round
+    # toward -inf (extra selects per use), and a signed index is checked for
+    # wraparound at every array access (one more select and a live register).
+    @cuda.jit(device=True, inline="always")
+    def a_slot(tid, s):
+        """(m, k) in the A tile of this thread's load ``s`` (``tid`` unsigned):
+        consecutive threads take consecutive addresses of the unit-stride dim."""
+        e = tid + u64(s * THREADS)
+        if A_K_CONTIG:
+            return e // u64(BK), e % u64(BK)
+        return e % u64(BM), e // u64(BM)
+
+    @cuda.jit(device=True, inline="always")
+    def b_slot(tid, s):
+        """(k, n) in the B tile of this thread's load ``s``."""
+        e = tid + u64(s * THREADS)
+        if B_N_CONTIG:
+            return e // u64(BN), e % u64(BN)
+        return e % u64(BK), e // u64(BK)
+
+    @cuda.jit(device=True, inline="always")
+    def load_tiles(a, pa, a_rs, a_cs, b, pb, b_rs, b_cs, m0, n0, k0, M, N, K, tid,
+                   a_next, b_next):
+        """This thread's elements of the A and B tiles at ``k0`` into registers
+        (zeros past the matrix edges, so any M, N, K works)."""
+        for s in range(LA):
+            if A_EXACT or tid + u64(s * THREADS) < u64(A_SIZE):
+                mm, kk = a_slot(tid, s)
+                gm = m0 + i64(mm)
+                gk = k0 + i64(kk)
+                a_next[s] = a[idx(pa + gm * a_rs + gk * a_cs)] if gm < M and gk < K else zero
+        for s in range(LB):
+            if B_EXACT or tid + u64(s * THREADS) < u64(B_SIZE):
+                kk, nn = b_slot(tid, s)
+                gn = n0 + i64(nn)
+                gk = k0 + i64(kk)
+                b_next[s] = b[idx(pb + gk * b_rs + gn * b_cs)] if gn < N and gk < K else zero
 
     def gemm(c, c_lay, a, a_lay, b, b_lay, d, d_lay, M, N, K, batch_shape):
         As = cuda.shared.array((BK, A_ROW), acc_t)
@@ -100,9 +161,13 @@ def gemm_function(dtype, tile, a_k_contiguous=True, b_n_contiguous=True, has_bia
         acc = cuda.local.array((TM, TN), acc_t)
         a_reg = cuda.local.array(TM, acc_t)
         b_reg = cuda.local.array(TN, acc_t)
-        tid = cuda.threadIdx.x
-        tx = tid % TX
-        ty = tid // TX
+        a_next = cuda.local.array(LA, acc_t)
+        b_next = cuda.local.array(LB, acc_t)
+        tid = u64(cuda.threadIdx.x)
+        a_col = tid // u64(TX)            # this thread's first row and column in the tile
+        b_col = tid % u64(TX)
+        ty = i64(a_col)
+        tx = i64(b_col)
         m0 = cuda.blockIdx.x * BM
         n0 = cuda.blockIdx.y * BN
         n_batch = 1
@@ -111,8 +176,6 @@ def gemm_function(dtype, tile, a_k_contiguous=True, b_n_contiguous=True, has_bia
         for z in range(cuda.blockIdx.z, n_batch, cuda.gridDim.z):
             pa = a_lay[0]
             pb = b_lay[0]
-            pc = c_lay[0]
-            pd = d_lay[0]
             rem = z
             for t in range(len(batch_shape) - 1, -1, -1):
                 q = rem // batch_shape[t]
@@ -120,49 +183,45 @@ def gemm_function(dtype, tile, a_k_contiguous=True, b_n_contiguous=True, has_bia
                 rem = q
                 pa += j * a_lay[3 + t]
                 pb += j * b_lay[3 + t]
-                pc += j * c_lay[3 + t]
-                pd += j * d_lay[3 + t]
             for i in range(TM):
                 for j in range(TN):
                     acc[i, j] = 0
+            load_tiles(a, pa, a_lay[1], a_lay[2], b, pb, b_lay[1], b_lay[2],
+                       m0, n0, 0, M, N, K, tid, a_next, b_next)
             for k0 in range(0, K, BK):
-                for e in range(tid, BM * BK, THREADS):     # A tile -> As[k, m]
-                    if A_K_CONTIG:
-                        mm = e // BK
-                        kk = e - mm * BK
-                    else:
-                        kk = e // BM
-                        mm = e - kk * BM
-                    gm = m0 + mm
-                    gk = k0 + kk
-                    if gm < M and gk < K:
-                        As[kk, mm] = a[pa + gm * a_lay[1] + gk * a_lay[2]]
-                    else:
-                        As[kk, mm] = 0
-                for e in range(tid, BK * BN, THREADS):     # B tile -> Bs[k, n]
-                    if B_N_CONTIG:
-                        kk = e // BN
-                        nn = e - kk * BN
-                    else:
-                        nn = e // BK
-                        kk = e - nn * BK
-                    gn = n0 + nn
-                    gk = k0 + kk
-                    if gn < N and gk < K:
-                        Bs[kk, nn] = b[pb + gk * b_lay[1] + gn * b_lay[2]]
-                    else:
-                        Bs[kk, nn] = 0
+                # the tile loaded (during the previous tile's products) -> shared
+                for s in range(LA):
+                    if A_EXACT or tid + u64(s * THREADS) < u64(A_SIZE):
+                        mm, kk = a_slot(tid, s)
+                        As[kk, mm] = a_next[s]
+                for s in range(LB):
+                    if B_EXACT or tid + u64(s * THREADS) < u64(B_SIZE):
+                        kk, nn = b_slot(tid, s)
+                        Bs[kk, nn] = b_next[s]
                 cuda.syncthreads()
+                if k0 + BK < K:           # next tile's loads in flight while we multiply
+                    load_tiles(a, pa, a_lay[1], a_lay[2], b, pb, b_lay[1], b_lay[2],
+                               m0, n0, k0 + BK, M, N, K, tid, a_next, b_next)
                 for kk in range(BK):
+                    row = u64(kk)
                     for i in range(TM):
-                        a_reg[i] = As[kk, ty + i * TY]
+                        a_reg[i] = As[row, a_col + u64(i * TY)]
                     for j in range(TN):
-                        b_reg[j] = Bs[kk, tx + j * TX]
+                        b_reg[j] = Bs[row, b_col + u64(j * TX)]
                     for i in range(TM):
                         for j in range(TN):
                             acc[i, j] += a_reg[i] * b_reg[j]
                 cuda.syncthreads()
-            for i in range(TM):                            # epilogue: (+ D), store
+            pc = c_lay[0]                 # epilogue: (+ D), store
+            pd = d_lay[0]
+            rem = z
+            for t in range(len(batch_shape) - 1, -1, -1):
+                q = rem // batch_shape[t]
+                j = rem - q * batch_shape[t]
+                rem = q
+                pc += j * c_lay[3 + t]
+                pd += j * d_lay[3 + t]
+            for i in range(TM):
                 gm = m0 + ty + i * TY
                 if gm < M:
                     for j in range(TN):
@@ -188,14 +247,30 @@ def gemm_signature(dtype, batch_dims=1):
             nbtypes.UniTuple(i64, batch_dims))
 
 
+def gemm_launch_bounds(dtype, tile):
+    """``cuda.jit``'s launch bounds for the GEMM: the block size, and at least two
+    blocks per multiprocessor (so ptxas keeps to 128 registers a thread) where the
+    accumulators take at most half of those (64 words: 8x8 float32, 4x4 float64).
+
+    Without the bound ptxas spends registers freely (132 for the 128x128 float32
+    tile) and one block of 256 threads fits a multiprocessor's register file
+    twice only at <= 128; tests/kernels/test_cuda_resources.py checks the
+    result with ``ptxas -v``."""
+    BM, BN, BK, TM, TN = check_tile(tile)
+    threads = (BM // TM) * (BN // TN)
+    words = TM * TN * np.dtype(_ACC[np.dtype(dtype)]).itemsize // 4
+    return (threads, 2) if words <= 64 else (threads,)
+
+
 _kernels = {}
 
 
-def _gemm_kernel(dtype, tile, a_k_contiguous, b_n_contiguous, has_bias):
-    key = (np.dtype(dtype), tile, a_k_contiguous, b_n_contiguous, has_bias)
+def _gemm_kernel(dtype, tile, a_k_contiguous, b_n_contiguous, has_bias, wide_index):
+    key = (np.dtype(dtype), tile, a_k_contiguous, b_n_contiguous, has_bias, wide_index)
     k = _kernels.get(key)
     if k is None:
-        k = _kernels[key] = cuda.jit(gemm_function(*key))
+        bounds = {} if simulated() else {"launch_bounds": gemm_launch_bounds(dtype, tile)}
+        k = _kernels[key] = cuda.jit(gemm_function(*key), **bounds)
     return k
 
 
@@ -214,11 +289,21 @@ def _multiprocessors():
     return _sm_count
 
 
+def tiles(dtype):
+    """The tiles ``choose_tile`` picks from for ``dtype``: 128x128 only where the
+    64 accumulators a thread holds are 4-byte words (float16/float32): 64
+    8-byte ones (float64, the int64 accumulators of integer GEMMs) would take
+    all 128 registers a thread may have at two blocks per multiprocessor."""
+    if np.dtype(_ACC[np.dtype(dtype)]).itemsize > 4:
+        return (SMALL_TILE,)
+    return (LARGE_TILE, SMALL_TILE)
+
+
 def choose_tile(M, N, n_batch, dtype):
     """Big tiles when they still give every multiprocessor a block, small ones otherwise."""
     if simulated():
         return SIM_TILE
-    if np.dtype(dtype) == np.float64:     # 64 float64 accumulators would spill registers
+    if LARGE_TILE not in tiles(dtype):
         return SMALL_TILE
     big = -(-M // LARGE_TILE.BM) * -(-N // LARGE_TILE.BN) * n_batch
     return LARGE_TILE if big >= _multiprocessors() else SMALL_TILE
@@ -256,6 +341,7 @@ def launch_gemm(c, c_lay, a, a_lay, b, b_lay, d, d_lay, M, N, K, batch_shape, dt
     # which dim of A / B is the unit-stride one decides how threads load tiles
     a_k = a_lay[2] == 1 or a_lay[1] != 1
     b_n = b_lay[2] == 1 or b_lay[1] != 1
+    wide = max(a.size, b.size) >= 2 ** 32        # (spans: every index lies inside)
     if isinstance(c, np.ndarray):            # simulator: inputs are copied in only
         a, b = cuda.In(a), cuda.In(b)
         d = cuda.In(d) if has_bias else a
@@ -263,7 +349,7 @@ def launch_gemm(c, c_lay, a, a_lay, b, b_lay, d, d_lay, M, N, K, batch_shape, dt
         d = a
     threads = (tile.BM // tile.TM) * (tile.BN // tile.TN)
     grid = (-(-M // tile.BM), -(-N // tile.BN), min(n_batch, MAX_GRID_Z))
-    _gemm_kernel(dtype, tile, a_k, b_n, has_bias)[grid, threads, stream()](
+    _gemm_kernel(dtype, tile, a_k, b_n, has_bias, wide)[grid, threads, stream()](
         c, c_lay, a, a_lay, b, b_lay, d, d_lay, int(M), int(N), int(K), batch_shape)
 
 

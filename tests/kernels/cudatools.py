@@ -18,6 +18,10 @@
   numba-cuda's private ``_compile_pyfunc_with_fixup``, the first half of
   ``numba.cuda.compile``; with a numba-cuda that lacks it, each cc is compiled
   separately instead, which is slower but checks the same.
+- ``ptxas_resources(ptx, cc)``: what ``ptxas -v`` (from the nvidia-cuda-nvcc-cu12
+  wheel) reports for a kernel's PTX: registers, spill bytes, stack, shared
+  memory; ``occupancy(...)`` turns those into sm_90's theoretical occupancy.
+  The PTX tests hold kernels to register budgets with it (docs/cuda.md).
 - ``kernel_bodies(path)`` and ``cuda_kernel_modules()``: the CUDA kernels
   written in ``kernels/cuda/*.py``, found in the source, so the PTX coverage
   test (tests/test_op_coverage.py) sees a new kernel without a list to edit.
@@ -31,8 +35,11 @@ import inspect
 import os
 import pathlib
 import pkgutil
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import traceback
 import types
 
@@ -92,21 +99,24 @@ def _check_target(ptx, cc):
     assert target in ptx, f"no {target} in the PTX:\n{ptx[:400]}"
 
 
-def compile_ptx(kernel, signature, cc, monkeypatch):
+def compile_ptx(kernel, signature, cc, monkeypatch, launch_bounds=None):
     _stand_in_device(cc, monkeypatch)
-    ptx, _ = cuda.compile_ptx(kernel, signature, cc=cc)
+    ptx, _ = cuda.compile_ptx(kernel, signature, cc=cc, launch_bounds=launch_bounds)
     _check_target(ptx, cc)
     return ptx
 
 
-def compile_ptx_all(kernel, signature, monkeypatch, ccs=CCS):
+def compile_ptx_all(kernel, signature, monkeypatch, ccs=CCS, launch_bounds=None):
+    """``launch_bounds``: as the kernel's ``cuda.jit`` gets them (they go into the
+    PTX as .maxntid/.minnctapersm, which is what ptxas allocates registers by)."""
     compile_once = getattr(cuda_compiler, "_compile_pyfunc_with_fixup", None)
     if compile_once is None:
-        return {cc: compile_ptx(kernel, signature, cc, monkeypatch) for cc in ccs}
+        return {cc: compile_ptx(kernel, signature, cc, monkeypatch, launch_bounds)
+                for cc in ccs}
     _stand_in_device(ccs[0], monkeypatch)
     # the arguments cuda.compile_ptx passes: a kernel, numba ABI, no LTO
     library, _ = compile_once(kernel, signature, device=False, cc=ccs[0], abi="numba",
-                              lto=False)
+                              lto=False, launch_bounds=launch_bounds)
     ptxes = {}
     for cc in ccs:
         codes = library.get_asm_strs(cc=cc)
@@ -114,6 +124,63 @@ def compile_ptx_all(kernel, signature, monkeypatch, ccs=CCS):
         _check_target(codes[0], cc)
         ptxes[cc] = codes[0]
     return ptxes
+
+
+# ------------------------------------------------------------------ ptxas resources
+# sm_90 (H100/H200) per multiprocessor: registers, threads, resident blocks, shared
+# memory (228 KiB, 1 KiB of it reserved per block); registers are allocated per
+# warp in units of 256.
+SM90 = {"registers": 65536, "threads": 2048, "blocks": 32, "shared": 233472,
+        "shared_per_block_reserved": 1024}
+
+
+def ptxas():
+    """The ptxas of the nvidia-cuda-nvcc-cu12 wheel (numba-cuda[cu12] installs
+    it), else one on PATH, else None."""
+    try:
+        import nvidia.cuda_nvcc as nvcc
+        path = pathlib.Path(list(nvcc.__path__)[0]) / "bin" / "ptxas"
+        if path.exists():
+            return str(path)
+    except ImportError:
+        pass
+    return shutil.which("ptxas")
+
+
+def ptxas_resources(ptx, cc=(9, 0)):
+    """What ``ptxas -v`` reports for the one kernel in ``ptx``: {"registers",
+    "spill_stores", "spill_loads", "stack", "shared"} (bytes but registers)."""
+    exe = ptxas()
+    assert exe is not None, "no ptxas (pip install numba-cuda[cu12] brings one)"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        pathlib.Path(path).write_text(ptx)
+        proc = subprocess.run([exe, "-v", f"-arch=sm_{cc[0]}{cc[1]}", path,
+                               "-o", os.path.join(tmp, "kernel.cubin")],
+                              capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"ptxas failed:\n{proc.stderr}"
+    found = {}
+    for key, pattern in (("stack", r"(\d+) bytes stack frame"),
+                         ("spill_stores", r"(\d+) bytes spill stores"),
+                         ("spill_loads", r"(\d+) bytes spill loads"),
+                         ("registers", r"Used (\d+) registers"),
+                         ("shared", r"(\d+) bytes smem")):
+        m = re.search(pattern, proc.stderr)
+        found[key] = int(m.group(1)) if m else 0
+    assert "registers" in found and re.search(r"Used \d+ registers", proc.stderr), proc.stderr
+    return found
+
+
+def occupancy(registers, shared, threads, sm=SM90):
+    """Theoretical occupancy (resident threads / the multiprocessor's maximum) of a
+    kernel using ``registers`` a thread and ``shared`` bytes a block of ``threads``."""
+    warps = -(-threads // 32)
+    regs_per_warp = -(-max(registers, 1) * 32 // 256) * 256
+    by_regs = sm["registers"] // (regs_per_warp * warps)
+    by_threads = sm["threads"] // (warps * 32)
+    by_shared = sm["shared"] // (shared + sm["shared_per_block_reserved"])
+    blocks = min(by_regs, by_threads, by_shared, sm["blocks"])
+    return blocks * threads / sm["threads"]
 
 
 # ------------------------------------------------------------------ discovery

@@ -10,17 +10,15 @@ import pytest
 from numba import types as nbtypes
 
 from pyflow.kernels.cuda import conv, linalg, pool
-from tests.kernels.cudatools import compile_ptx, compile_ptx_all
+from tests.kernels.cudatools import compile_ptx, compile_ptx_all, ptxas_resources
 
 
 def _gemm_specs():
-    """(dtype, tile, A's k contiguous, B's n contiguous, bias): production tiles, both
-    load layouts of each operand, with and without the epilogue."""
+    """(dtype, tile, A's k contiguous, B's n contiguous, bias): the production tiles
+    of each dtype, both load layouts of each operand, with and without the epilogue."""
     specs = []
     for dtype in linalg.DTYPES:
-        tiles = (linalg.LARGE_TILE, linalg.SMALL_TILE) if dtype in (np.float16, np.float32) \
-            else (linalg.SMALL_TILE,)
-        for tile in tiles:
+        for tile in linalg.tiles(dtype):
             specs += [(dtype, tile, True, True, False), (dtype, tile, False, False, True)]
     return specs
 
@@ -37,11 +35,20 @@ def ptx_kernels():
                          ids=lambda s: f"{s[0].name}-{s[1].BM}x{s[1].BN}-{int(s[2])}{int(s[3])}"
                                        f"{'-bias' if s[4] else ''}")
 def test_gemm_compiles(spec, monkeypatch):
-    dtype = spec[0]
+    """Compiled as the kernel cache compiles it (with its launch bounds), each GEMM
+    keeps to 128 registers a thread without spilling (ptxas -v for sm_90): two
+    blocks of 256 threads per multiprocessor."""
+    dtype, tile = spec[:2]
+    bounds = linalg.gemm_launch_bounds(dtype, tile)
     ptxes = compile_ptx_all(linalg.gemm_function(*spec), linalg.gemm_signature(dtype, 2),
-                            monkeypatch)
+                            monkeypatch, launch_bounds=bounds)
     for (major, minor), ptx in ptxes.items():      # tiles go through shared memory
         assert "ld.shared" in ptx and "bar.sync" in ptx, f"sm_{major}{minor}: no shared tiles"
+    used = ptxas_resources(ptxes[(9, 0)], (9, 0))
+    assert used["registers"] <= 128, f"{spec}: {used['registers']} registers a thread"
+    assert used["spill_stores"] == used["spill_loads"] == used["stack"] == 0, \
+        f"{spec}: spills to local memory: {used}"
+    assert bounds == (256, 2)
 
 
 def test_float32_gemm_stays_in_registers_and_float32(monkeypatch):
@@ -79,3 +86,19 @@ def test_production_tiles_fit_a_block():
         assert threads <= 1024
         shared = 2 * tile.BK * (max(tile.BM, tile.BN) + 4) * 8      # padded rows, float64
         assert shared <= 48 * 1024
+
+
+def test_the_resource_table_in_the_docs_covers_every_gemm_variant():
+    """docs/cuda.md keeps the table tests/kernels/cuda_resources.py prints: a row
+    per variant ``launch_gemm`` can compile, each within the budget."""
+    from tests.kernels import cuda_resources
+    doc = cuda_resources.DOC.read_text()
+    table = doc.split(cuda_resources.BEGIN)[1].split(cuda_resources.END)[0]
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1]
+            for line in table.splitlines() if line.startswith("| gemm")}
+    for spec in cuda_resources.gemm_specs():
+        label = cuda_resources.gemm_label(*spec)
+        assert label in rows, f"docs/cuda.md lacks {label!r}: run " \
+                              f"python tests/kernels/cuda_resources.py --write"
+        registers, _, spilled, _ = (cell.strip() for cell in rows[label])
+        assert int(registers) <= 128 and spilled == "0", (label, rows[label])

@@ -9,12 +9,14 @@ none and runs a Python stand-in), and float32 kernels quietly computing in
 float64 (2x-64x slower on a GPU).  ``kernel_specs()`` returns
 ``[(label, plain Python function, numba signature)]``, with fresh device
 functions; a label that says ``float32`` promises no float64 instruction.
+ptxas then assembles the sm_90 PTX (``ptxas -v``): no kernel may spill to
+local memory, and a float32 one may use at most 64 registers a thread.
 """
 import numpy as np
 import pytest
 
 from pyflow.kernels.cuda import softmax
-from tests.kernels.cudatools import compile_ptx_all, spec_modules
+from tests.kernels.cudatools import compile_ptx_all, ptxas_resources, spec_modules
 
 MODULES = spec_modules()
 SPECS = [(name, label) for name, module in MODULES.items() for label, _, _ in module.kernel_specs()]
@@ -44,7 +46,8 @@ def test_row_kernel_compiles_to_ptx(module, label, monkeypatch):
     block_reduction = module in ROW_MODULES and any(
         k in label for k in ("rows", "layer_norm_forward", "cross_entropy", "channel_stats",
                              "batch_norm_backward", "backward_dx"))
-    for (major, minor), ptx in compile_ptx_all(fn, signature, monkeypatch).items():
+    ptxes = compile_ptx_all(fn, signature, monkeypatch)
+    for (major, minor), ptx in ptxes.items():
         sm = f"sm_{major}{minor}"
         if "float32" in label:   # float32 data never computed in float64
             f64 = [line for line in ptx.splitlines() if ".f64" in line]
@@ -52,6 +55,13 @@ def test_row_kernel_compiles_to_ptx(module, label, monkeypatch):
         if block_reduction:
             assert "shfl.sync.down" in ptx and "bar.sync" in ptx, \
                 f"{label} {sm}: no block reduction"
+    # ptxas -v for sm_90: nothing in local memory; float32 kernels within 64
+    # registers a thread, so even a block of 1024 threads fits a multiprocessor
+    used = ptxas_resources(ptxes[(9, 0)], (9, 0))
+    assert used["spill_stores"] == used["spill_loads"] == used["stack"] == 0, \
+        f"{label}: spills to local memory: {used}"
+    if "float32" in label or "f32" in label:
+        assert used["registers"] <= 64, f"{label}: {used['registers']} registers a thread"
 
 
 def test_every_registered_cpu_row_kernel_has_a_cuda_twin():
