@@ -103,6 +103,8 @@ def compile_ptx(kernel, signature, cc, monkeypatch, launch_bounds=None):
     _stand_in_device(cc, monkeypatch)
     ptx, _ = cuda.compile_ptx(kernel, signature, cc=cc, launch_bounds=launch_bounds)
     _check_target(ptx, cc)
+    if cc == (9, 0):
+        assert_no_spills(ptx, getattr(kernel, "__name__", kernel))
     return ptx
 
 
@@ -123,6 +125,8 @@ def compile_ptx_all(kernel, signature, monkeypatch, ccs=CCS, launch_bounds=None)
         assert len(codes) == 1, f"sm_{cc[0]}{cc[1]}: {len(codes)} PTX modules, expected one"
         _check_target(codes[0], cc)
         ptxes[cc] = codes[0]
+    if (9, 0) in ptxes:
+        assert_no_spills(ptxes[(9, 0)], getattr(kernel, "__name__", kernel))
     return ptxes
 
 
@@ -149,17 +153,26 @@ def ptxas():
 
 def ptxas_resources(ptx, cc=(9, 0)):
     """What ``ptxas -v`` reports for the one kernel in ``ptx``: {"registers",
-    "spill_stores", "spill_loads", "stack", "shared"} (bytes but registers)."""
+    "spill_stores", "spill_loads", "stack", "shared"} (bytes but registers), and
+    "relocatable": whether the kernel calls a function linked in at load time
+    (then assembled alone, with ``-c``)."""
     exe = ptxas()
     assert exe is not None, "no ptxas (pip install numba-cuda[cu12] brings one)"
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.ptx")
         pathlib.Path(path).write_text(ptx)
-        proc = subprocess.run([exe, "-v", f"-arch=sm_{cc[0]}{cc[1]}", path,
-                               "-o", os.path.join(tmp, "kernel.cubin")],
-                              capture_output=True, text=True, timeout=300)
+        command = [exe, "-v", f"-arch=sm_{cc[0]}{cc[1]}", path,
+                   "-o", os.path.join(tmp, "kernel.cubin")]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        relocatable = "Unresolved extern function" in proc.stderr
+        if relocatable:
+            # float16 arithmetic calls numba-cuda's cuda_fp16 wrappers, linked in
+            # when the kernel is loaded: assemble the kernel alone (-c); the
+            # numbers are then the kernel's without those (inlined) callees
+            proc = subprocess.run(command[:1] + ["-c"] + command[1:], capture_output=True,
+                                  text=True, timeout=300)
     assert proc.returncode == 0, f"ptxas failed:\n{proc.stderr}"
-    found = {}
+    found = {"relocatable": relocatable}
     for key, pattern in (("stack", r"(\d+) bytes stack frame"),
                          ("spill_stores", r"(\d+) bytes spill stores"),
                          ("spill_loads", r"(\d+) bytes spill loads"),
@@ -169,6 +182,24 @@ def ptxas_resources(ptx, cc=(9, 0)):
         found[key] = int(m.group(1)) if m else 0
     assert "registers" in found and re.search(r"Used \d+ registers", proc.stderr), proc.stderr
     return found
+
+
+def assert_no_spills(ptx, name, cc=(9, 0)):
+    """Every kernel the PTX tests compile is assembled for sm_90 too: no register
+    may spill to local memory (100x slower than a register).  A stack frame is
+    allowed only where it is not a spill: libdevice's sin/cos/tan reduce huge
+    arguments (|x| > ~1e5) through a small local array, as CUDA C's sinf does
+    (the PTX then holds its 2/pi table ``__cudart_i2opi_*``), and a kernel
+    assembled alone (``relocatable``) passes arguments to its load-time-linked
+    callees on the stack."""
+    used = ptxas_resources(ptx, cc)
+    sm = f"sm_{cc[0]}{cc[1]}"
+    assert used["spill_stores"] == used["spill_loads"] == 0, \
+        f"{name}: registers spill to local memory on {sm}: {used}"
+    if used["stack"]:
+        assert used["relocatable"] or "__cudart_i2opi_" in ptx, \
+            f"{name}: a {used['stack']}-byte stack frame on {sm}: {used}"
+    return used
 
 
 def occupancy(registers, shared, threads, sm=SM90):
