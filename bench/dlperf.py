@@ -127,6 +127,17 @@ def _presets():
             "gpt": Preset("gpt", "GPT-2 small", "12 layers, T=1024", 8,
                           {**gpt_small, "block_size": 1024}, 0.0),
         },
+        # The GPU configurations cut to fit the few minutes a lent GPU lasts (bench/gpu_check
+        # runs one round of them): DLPerf's widths, batches and ResNet/BERT sequence, less
+        # depth and resolution.  Not DLPerf's numbers: a ratio against PyTorch on the same GPU.
+        "cuda-small": {
+            "resnet": Preset("resnet", "ResNet-50 v1.5", "112x112, 1000 classes (reduced)", 32,
+                             dict(image=112, num_classes=1000), 1.0),
+            "bert": Preset("bert", "BERT-base pretraining", "4 of 12 layers, seq 128 (reduced)",
+                           32, {**bert_base, "num_hidden_layers": 4, "seq": 128}, 1.0),
+            "gpt": Preset("gpt", "GPT-2 small", "4 of 12 layers, T=256 (reduced)", 8,
+                          {**gpt_small, "n_layer": 4, "block_size": 256}, 0.0),
+        },
         # Toy sizes for the smoke test of this script's machinery (tests/test_dlperf_bench.py).
         "tiny": {
             "resnet": Preset("resnet", "ResNet (1 block/stage, width 8)", "16x16, 10 classes", 2,

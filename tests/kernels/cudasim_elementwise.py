@@ -17,9 +17,10 @@ import os
 import sys
 import time
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-    sys.exit("set NUMBA_ENABLE_CUDASIM=1 before running this script")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.kernels.check_target import select  # noqa: E402
+
+TARGET = select()      # the simulator, or a real GPU for bench/gpu_check
 
 import numpy as np  # noqa: E402
 from numba import config  # noqa: E402
@@ -29,7 +30,7 @@ import pyflow.kernels.cuda.elementwise as ew  # noqa: E402
 from pyflow.kernels.cuda._memory import to_host  # noqa: E402
 from pyflow.kernels import registry  # noqa: E402
 
-assert config.ENABLE_CUDASIM, "numba did not pick up NUMBA_ENABLE_CUDASIM=1"
+assert config.ENABLE_CUDASIM or TARGET == "gpu", "numba did not pick up NUMBA_ENABLE_CUDASIM=1"
 
 TOL = {np.float16: (2e-3, 2e-3), np.float32: (2e-6, 1e-6), np.float64: (1e-12, 1e-13)}
 rng = np.random.default_rng(0)

@@ -15,9 +15,10 @@ import os
 import sys
 import time
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-    sys.exit("set NUMBA_ENABLE_CUDASIM=1 before running this script")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.kernels.check_target import select  # noqa: E402
+
+TARGET = select()      # the simulator, or a real GPU for bench/gpu_check
 
 import numpy as np  # noqa: E402
 

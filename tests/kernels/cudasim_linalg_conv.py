@@ -16,9 +16,10 @@ import os
 import sys
 import time
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-    sys.exit("set NUMBA_ENABLE_CUDASIM=1 before running this script")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.kernels.check_target import select  # noqa: E402
+
+TARGET = select()      # the simulator, or a real GPU for bench/gpu_check
 
 import numpy as np  # noqa: E402
 from numba import config  # noqa: E402
@@ -33,7 +34,7 @@ from pyflow import backends  # noqa: E402
 from pyflow.kernels import registry  # noqa: E402
 from pyflow.ops.conv import _avg_windows  # noqa: E402
 
-assert config.ENABLE_CUDASIM, "numba did not pick up NUMBA_ENABLE_CUDASIM=1"
+assert config.ENABLE_CUDASIM or TARGET == "gpu", "numba did not pick up NUMBA_ENABLE_CUDASIM=1"
 
 TOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 2e-5, np.dtype(np.float64): 1e-12}
 rng = np.random.default_rng(0)

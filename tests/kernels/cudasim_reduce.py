@@ -23,9 +23,10 @@ import os
 import sys
 import time
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-    sys.exit("set NUMBA_ENABLE_CUDASIM=1 before running this script")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.kernels.check_target import select  # noqa: E402
+
+TARGET = select()      # the simulator, or a real GPU for bench/gpu_check
 # Simulated threads hand the GIL around at every shuffle/barrier; the default
 # 5 ms switch interval makes that 10x slower than it needs to be.
 sys.setswitchinterval(5e-4)
@@ -37,7 +38,7 @@ import pyflow.kernels.cpu.reduce  # noqa: E402,F401  (registers the CPU referenc
 import pyflow.kernels.cuda.reduce as cr  # noqa: E402
 from pyflow.kernels import registry  # noqa: E402
 
-assert config.ENABLE_CUDASIM, "numba did not pick up NUMBA_ENABLE_CUDASIM=1"
+assert config.ENABLE_CUDASIM or TARGET == "gpu", "numba did not pick up NUMBA_ENABLE_CUDASIM=1"
 
 TOL = {np.float32: (2e-5, 2e-6), np.float64: (1e-12, 1e-13), np.float16: (2e-3, 2e-3)}
 SMALL = dict(ROWS_PER_BLOCK=2, MAX_BLOCKS=2, ROW_THREADS=64)

@@ -21,9 +21,10 @@ import os
 import sys
 import time
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-    sys.exit("set NUMBA_ENABLE_CUDASIM=1 before running this script")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.kernels.check_target import select  # noqa: E402
+
+TARGET = select()      # the simulator, or a real GPU for bench/gpu_check
 sys.setswitchinterval(1e-4)
 
 import numpy as np  # noqa: E402
@@ -38,7 +39,7 @@ import pyflow.kernels.cuda.softmax as cuda_softmax  # noqa: E402
 from pyflow.kernels import registry  # noqa: E402
 from pyflow.kernels.cuda._memory import to_host  # noqa: E402
 
-assert config.ENABLE_CUDASIM, "numba did not pick up NUMBA_ENABLE_CUDASIM=1"
+assert config.ENABLE_CUDASIM or TARGET == "gpu", "numba did not pick up NUMBA_ENABLE_CUDASIM=1"
 
 DTYPES = (np.float32, np.float64)
 TOL = {np.float32: (3e-5, 3e-6), np.float64: (1e-12, 1e-13)}
