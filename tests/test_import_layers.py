@@ -183,3 +183,45 @@ def test_import_pyflow_starts_neither_mpi_nor_numba():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout.strip()
     assert out == "[]", f"import pyflow loaded {out}"
+
+
+def private_reaches(source):
+    """Private names a kernel module takes from another family module: ``from .x
+    import _name`` / ``from ..cpu.x import _name``, and ``mod._name`` where ``mod``
+    is a family module bound by ``from . import mod``.  The ``_``-prefixed
+    modules (``_memory``, ``_simulator``) are the package's shared plumbing and
+    exempt."""
+    tree = ast.parse(source)
+    found, modules = [], set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or not node.level:
+            continue
+        shared = node.level == 1 and (node.module or "").startswith("_")
+        for alias in node.names:
+            if node.module is None and node.level == 1:           # from . import mod
+                if not alias.name.startswith("_"):
+                    modules.add(alias.asname or alias.name)
+            elif alias.name.startswith("_") and not shared:
+                found.append(f"from {'.' * node.level}{node.module} import {alias.name}")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in modules and node.attr.startswith("_")):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_kernel_modules_take_no_private_name_of_another_family():
+    """Each kernels/ family module is used through its public names (issue 19's
+    toolkit rule); what several families share lives in its own module
+    (kernels/cuda/layout.py, rows.py, _memory.py)."""
+    for path in sorted((ROOT / "kernels").rglob("*.py")):
+        reaches = private_reaches(path.read_text())
+        assert not reaches, f"{path.relative_to(ROOT)} reaches into private names: {reaches}"
+
+
+def test_the_private_name_checker_sees_both_forms():
+    assert private_reaches("from .elementwise import _span\n") == \
+        ["from .elementwise import _span"]
+    assert private_reaches("from . import elementwise as ew\new._describe(x)\n") == \
+        ["ew._describe"]
+    assert private_reaches("from ._memory import _CUDA\nfrom .layout import span\n") == []

@@ -31,7 +31,7 @@ def _f32(v):
     return np.float32(v) if type(v) is float else v
 
 
-def _float32_version(fn):
+def float32_version(fn):
     """``fn`` compiled in float32 with the fast math functions, for inlining below.
 
     Python float literals would make numba compute in float64 (and call the exact
@@ -44,13 +44,15 @@ def _float32_version(fn):
     return njit(inline="always", error_model="numpy", fastmath=FASTMATH)(clone)
 
 
-_gelu = _float32_version(scalar.gelu)
-_gelu_tanh = _float32_version(scalar.gelu_tanh)
-_silu = _float32_version(scalar.silu)
-_sigmoid = _float32_version(scalar.sigmoid)
-_gelu_backward = _float32_version(scalar.gelu_backward)
-_gelu_tanh_backward = _float32_version(scalar.gelu_tanh_backward)
-_silu_backward = _float32_version(scalar.silu_backward)
+# float32 clones of the scalar functions; the GELU ones are public because
+# bias_act.py's fused kernels call them too.
+gelu_f32 = float32_version(scalar.gelu)
+gelu_tanh_f32 = float32_version(scalar.gelu_tanh)
+_silu = float32_version(scalar.silu)
+_sigmoid = float32_version(scalar.sigmoid)
+gelu_backward_f32 = float32_version(scalar.gelu_backward)
+gelu_tanh_backward_f32 = float32_version(scalar.gelu_tanh_backward)
+_silu_backward = float32_version(scalar.silu_backward)
 
 UNARY = {"gelu": 0, "gelu_tanh": 1, "silu": 2, "sigmoid": 3}
 BINARY = {"gelu_backward": 0, "gelu_tanh_backward": 1, "silu_backward": 2}
@@ -65,10 +67,10 @@ def _unary(op, x, out):
     n = x.size
     if op == 0:
         for i in prange(n):
-            out[i] = _gelu(x[i])
+            out[i] = gelu_f32(x[i])
     elif op == 1:
         for i in prange(n):
-            out[i] = _gelu_tanh(x[i])
+            out[i] = gelu_tanh_f32(x[i])
     elif op == 2:
         for i in prange(n):
             out[i] = _silu(x[i])
@@ -82,10 +84,10 @@ def _binary(op, g, x, out):
     n = x.size
     if op == 0:
         for i in prange(n):
-            out[i] = _gelu_backward(g[i], x[i])
+            out[i] = gelu_backward_f32(g[i], x[i])
     elif op == 1:
         for i in prange(n):
-            out[i] = _gelu_tanh_backward(g[i], x[i])
+            out[i] = gelu_tanh_backward_f32(g[i], x[i])
     else:
         for i in prange(n):
             out[i] = _silu_backward(g[i], x[i])

@@ -22,7 +22,7 @@ from numba import njit, prange
 
 from .. import scalar
 from ..registry import register
-from .activation import JIT, _gelu, _gelu_backward, _gelu_tanh, _gelu_tanh_backward
+from .activation import JIT, gelu_f32, gelu_backward_f32, gelu_tanh_f32, gelu_tanh_backward_f32
 from .twin import row_chunks, twin
 
 _exact = dict(inline="always", error_model="numpy")
@@ -42,10 +42,10 @@ def _bias_gelu(op, x, b, out):
     for i in prange(rows):
         if op == 0:
             for j in range(n):
-                out[i, j] = _gelu(x[i, j] + b[j])
+                out[i, j] = gelu_f32(x[i, j] + b[j])
         elif op == 1:
             for j in range(n):
-                out[i, j] = _gelu_tanh(x[i, j] + b[j])
+                out[i, j] = gelu_tanh_f32(x[i, j] + b[j])
         elif op == 2:
             for j in range(n):
                 out[i, j] = _gelu64(x[i, j] + b[j])
@@ -64,10 +64,10 @@ def _bias_gelu_backward(op, g, x, b, dx, db_parts):
         for i in range(c * per, min(rows, (c + 1) * per)):
             if op == 0:
                 for j in range(n):
-                    dx[i, j] = _gelu_backward(g[i, j], x[i, j] + b[j])
+                    dx[i, j] = gelu_backward_f32(g[i, j], x[i, j] + b[j])
             elif op == 1:
                 for j in range(n):
-                    dx[i, j] = _gelu_tanh_backward(g[i, j], x[i, j] + b[j])
+                    dx[i, j] = gelu_tanh_backward_f32(g[i, j], x[i, j] + b[j])
             elif op == 2:
                 for j in range(n):
                     dx[i, j] = _gelu_backward64(g[i, j], x[i, j] + b[j])

@@ -37,7 +37,7 @@ from numba import njit, prange, vectorize
 
 from .. import scalar
 from ..registry import register
-from .activation import FASTMATH, _float32_version
+from .activation import FASTMATH, float32_version
 
 # The ops a program may use, by name (their scalar definitions), and the scalar
 # helpers the derivative rules call.
@@ -183,7 +183,7 @@ def _float32_clone(fn):
     """``fn`` in float32 with the fast math functions: ``activation``'s float32
     clone, with integer literals made float32 too (the ``0`` of relu's ``0 if x < 0
     else x`` would join int64 with float32, which numba types as float64)."""
-    clone = _float32_version(fn).py_func
+    clone = float32_version(fn).py_func
     code = clone.__code__.replace(co_consts=tuple(np.float32(c) if type(c) is int else c
                                                   for c in clone.__code__.co_consts))
     fn32 = _pytypes.FunctionType(code, clone.__globals__, clone.__name__)

@@ -116,7 +116,7 @@ def _explain(op, name, a, ref_name, ref, writeable):
         raise ValueError(f"{op}: '{name}' must be writeable")
 
 
-def _check_adam_hparams(lr, beta1, beta2, eps, weight_decay):
+def check_adam_hparams(lr, beta1, beta2, eps, weight_decay):
     """The argument checks of torch.optim.Adam, with its messages."""
     if not 0.0 <= lr:
         raise ValueError(f"Invalid learning rate: {lr}")
@@ -130,7 +130,7 @@ def _check_adam_hparams(lr, beta1, beta2, eps, weight_decay):
         raise ValueError(f"Invalid weight_decay value: {weight_decay}")
 
 
-def _check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov):
+def check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov):
     """The argument checks of torch.optim.SGD, with its messages."""
     if not 0.0 <= lr:
         raise ValueError(f"Invalid learning rate: {lr}")
@@ -158,7 +158,7 @@ def adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq=None, *, step, lr
         names.append("max_exp_avg_sq")
         arrays.append(max_exp_avg_sq)
     _check_arrays("adam_step", names, arrays)
-    _check_adam_hparams(lr, beta1, beta2, eps, weight_decay)
+    check_adam_hparams(lr, beta1, beta2, eps, weight_decay)
     if not step >= 1:
         raise ValueError(f"adam_step: step must be >= 1, got {step}")
     # Scalars exactly as torch's _single_tensor_adam computes them (in double).
@@ -188,7 +188,7 @@ def sgd_step(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0
     else:
         momentum_buffer = param[:0]
     _check_arrays("sgd_step", names, arrays)
-    _check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
+    check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
     hp = np.array([-lr, weight_decay, momentum, 1 - dampening], dtype=param.dtype)
     _sgd_kernel(param, grad, momentum_buffer, hp, bool(use_momentum), bool(first_step),
                 bool(nesterov), bool(maximize))
@@ -269,7 +269,7 @@ def adam_row(op, hparams, i):
     """Parameter i's ``(step, lr, beta1, beta2, eps, weight_decay)`` checked and
     packed as the kernels read them (``_ADAM_HP``), in double as torch does."""
     step, lr, beta1, beta2, eps, weight_decay = hparams
-    _check_adam_hparams(lr, beta1, beta2, eps, weight_decay)
+    check_adam_hparams(lr, beta1, beta2, eps, weight_decay)
     if not step >= 1:
         raise ValueError(f"{op}: step of parameter {i} must be >= 1, got {step}")
     bias_correction1 = 1 - beta1 ** step
@@ -297,7 +297,7 @@ def sgd_members(op, params, grads, momentum_buffers, hparams, flags):
             names.append(f"momentum_buffers[{i}]")
             arrays.append(momentum_buffers[i])
         if hparams[i] not in checked:
-            _check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
+            check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
             checked.add(hparams[i])
         yield (i, names, arrays, (-lr, weight_decay, momentum, 1 - dampening), use_momentum,
                first_step, nesterov, maximize)

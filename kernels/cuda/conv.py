@@ -28,7 +28,7 @@ from numba import types as nbtypes
 
 from ..registry import register
 from ._memory import empty, launch_config, simulated, stream, zeros
-from .elementwise import _describe, _element_strides, _span
+from . import layout
 from .linalg import launch_gemm
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -193,11 +193,11 @@ def _in(a):
 # ------------------------------------------------------------------ host side
 def _strided(x, what):
     """(1-D span, element offset, element strides) of a device array."""
-    shape, strides, dtype = _describe(x)
-    st = _element_strides(shape, strides, dtype, tuple(shape), what)
+    shape, strides, dtype = layout.describe(x)
+    st = layout.element_strides(shape, strides, dtype, tuple(shape), what)
     if x.size == 0:                  # nothing to read: any span will do
         return empty((0,), dtype, x), 0, st
-    span, off = _span(x, shape, strides, dtype)
+    span, off = layout.span(x, shape, strides, dtype)
     return span, off, st
 
 

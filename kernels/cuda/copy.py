@@ -22,7 +22,7 @@ import numpy as np
 from numba import cuda
 
 from ._memory import empty, launch_config, stream
-from .elementwise import _coalesce, _describe, _element_strides, _span
+from . import layout
 
 _BOOL = np.dtype(np.bool_)
 
@@ -30,15 +30,15 @@ _BOOL = np.dtype(np.bool_)
 # ------------------------------------------------------------------ operands
 def describe(a):
     """(shape, byte strides, dtype) of a NumPy array or a CUDA array interface object."""
-    return _describe(a)
+    return layout.describe(a)
 
 
 def operand(a, shape=None, what="input"):
     """``a`` as a strided-kernel operand: (1-D span, element offset, element
     strides broadcast to ``shape``).  ``a`` must not be empty."""
-    a_shape, a_strides, dtype = _describe(a)
-    view, offset = _span(a, a_shape, a_strides, dtype)
-    strides = _element_strides(a_shape, a_strides, dtype,
+    a_shape, a_strides, dtype = layout.describe(a)
+    view, offset = layout.span(a, a_shape, a_strides, dtype)
+    strides = layout.element_strides(a_shape, a_strides, dtype,
                                a_shape if shape is None else tuple(shape), what)
     return view, offset, strides
 
@@ -50,7 +50,7 @@ def read_only(view):
 
 
 def is_contiguous(a):
-    shape, strides, dtype = _describe(a)
+    shape, strides, dtype = layout.describe(a)
     step = dtype.itemsize
     for n, s in zip(reversed(shape), reversed(strides)):
         if n != 1 and s != step:
@@ -61,7 +61,7 @@ def is_contiguous(a):
 
 def size_of(a):
     n = 1
-    for s in _describe(a)[0]:
+    for s in layout.describe(a)[0]:
         n *= s
     return n
 
@@ -131,8 +131,8 @@ def _kernel(layout, to_bool):
 def copy_into(dst, src):
     """``dst[...] = src`` on the device; ``src`` broadcasts to ``dst``'s shape.
     Returns ``dst``.  ``dst`` must not overlap ``src`` or itself."""
-    d_shape, _, d_dtype = _describe(dst)
-    s_shape, _, s_dtype = _describe(src)
+    d_shape, _, d_dtype = layout.describe(dst)
+    s_shape, _, s_dtype = layout.describe(src)
     try:
         shape = np.broadcast_shapes(tuple(s_shape), tuple(d_shape))
     except ValueError:
@@ -149,7 +149,7 @@ def copy_into(dst, src):
     s_view, s_off, s_st = operand(src, shape, "src")
     if any(st == 0 for st, m in zip(d_st, shape) if m > 1):
         raise ValueError("copy_into: dst must not be a broadcast (expanded) view")
-    shape, (d_st, s_st) = _coalesce(list(shape), [d_st, s_st])
+    shape, (d_st, s_st) = layout.coalesce(list(shape), [d_st, s_st])
     to_bool = d_dtype == _BOOL and s_dtype != _BOOL
     blocks, threads = launch_config(n)
     if len(shape) <= 1 and d_off == 0 and s_off == 0 and d_st in ((), (1,)) \
@@ -164,7 +164,7 @@ def copy_into(dst, src):
 
 def copy(arr, dtype=None):
     """A new C-contiguous copy of ``arr`` (converted to ``dtype`` if given)."""
-    shape, _, a_dtype = _describe(arr)
+    shape, _, a_dtype = layout.describe(arr)
     out = empty(tuple(shape), a_dtype if dtype is None else np.dtype(dtype), arr)
     return copy_into(out, arr)
 
@@ -172,7 +172,7 @@ def copy(arr, dtype=None):
 def contiguous(arr, dtype=None):
     """``arr`` itself when it is C-contiguous (and of ``dtype``), else a C-contiguous
     copy: the device counterpart of ``np.ascontiguousarray(arr, dtype)``."""
-    a_dtype = _describe(arr)[2]
+    a_dtype = layout.describe(arr)[2]
     if (dtype is None or np.dtype(dtype) == a_dtype) and is_contiguous(arr):
         return arr
     return copy(arr, dtype)

@@ -25,7 +25,7 @@ bfloat16 has no kernels here: numba's simulator has no bf16 type, so these
 kernels could not be tested without a GPU (ops compute bf16 in float32).
 
 float32 kernels use the float32 clone of each scalar function
-(``activation._float32_version``): Python float literals would otherwise make
+(``activation.float32_version``): Python float literals would otherwise make
 numba compute float32 data in float64, which is 2x-64x slower on a GPU.
 
 Kernels are compiled lazily, once per (op, dtype, layout), and cached.
@@ -39,9 +39,10 @@ from numba import cuda
 from numba import types as nbtypes
 
 from .. import scalar
-from ..cpu.activation import _float32_version
+from ..cpu.activation import float32_version
 from ..registry import register
 from ._memory import MAX_BLOCKS, THREADS_PER_BLOCK, empty, launch_config, to_device  # noqa: F401
+from . import layout
 from ._memory import stream as _current_stream
 
 
@@ -104,7 +105,7 @@ def _float32_clone(fn):
     functions only use integer literals as arithmetic operands or as a zero
     result, so this is safe for them.
     """
-    clone = _float32_version(fn).py_func          # njit is lazy: nothing compiles here
+    clone = float32_version(fn).py_func          # njit is lazy: nothing compiles here
     code = clone.__code__
     code = code.replace(co_consts=tuple(np.float32(c) if type(c) is int else c
                                         for c in code.co_consts))
@@ -228,88 +229,14 @@ def _kernel(name, dtype, layout):
     return cuda.jit(kernel_function(name, dtype, layout))
 
 
-# ------------------------------------------------------------------ host side: layouts
-class _DeviceSpan:
-    """A 1-D ``__cuda_array_interface__`` over ``size`` elements from ``ptr``;
-    keeps the array it views alive."""
-
-    def __init__(self, owner, ptr, size, typestr):
-        self._owner = owner
-        self.__cuda_array_interface__ = {"shape": (size,), "typestr": typestr,
-                                         "data": (ptr, False), "strides": None, "version": 3}
-
-
-def _describe(a):
-    """(shape, byte strides, dtype) of a NumPy array or a CUDA array interface object."""
-    if isinstance(a, np.ndarray):
-        return a.shape, a.strides, a.dtype
-    cai = getattr(a, "__cuda_array_interface__", None)
-    if cai is None:
-        raise TypeError(f"expected a NumPy array (simulator) or an object with "
-                        f"__cuda_array_interface__, got {type(a).__name__}")
-    shape, dtype = tuple(cai["shape"]), np.dtype(cai["typestr"])
-    strides = cai.get("strides")
-    if strides is None:                      # C-contiguous
-        strides, step = [], dtype.itemsize
-        for n in reversed(shape):
-            strides.insert(0, step)
-            step *= max(n, 1)
-    return shape, tuple(strides), dtype
-
-
-def _span(a, shape, strides, dtype):
-    """A 1-D view of the memory ``a`` touches, and the element offset of ``a``'s
-    first element in it (nonzero only with negative strides)."""
-    size = 1 + sum((n - 1) * abs(s) for n, s in zip(shape, strides)) // dtype.itemsize
-    back = sum((n - 1) * -s for n, s in zip(shape, strides) if s < 0)   # bytes
-    if isinstance(a, np.ndarray):
-        corner = a[tuple(slice(n - 1, n) if s < 0 else slice(0, 1)
-                         for n, s in zip(shape, strides))] if a.ndim else a.reshape(1)
-        view = np.lib.stride_tricks.as_strided(corner, (size,), (dtype.itemsize,),
-                                               writeable=a.flags.writeable)
-    else:
-        ptr = a.__cuda_array_interface__["data"][0]
-        view = _DeviceSpan(a, ptr - back, size, dtype.str)
-    return view, back // dtype.itemsize
-
-
-def _element_strides(shape, strides, dtype, out_shape, what):
-    """``strides`` in elements, broadcast to ``out_shape`` (0 along broadcast dims)."""
-    lead = len(out_shape) - len(shape)
-    result = [0] * lead
-    for n, s, m in zip(shape, strides, out_shape[lead:]):
-        if s % dtype.itemsize:
-            raise ValueError(f"{what}: byte stride {s} is not a multiple of the item size "
-                             f"{dtype.itemsize}; make the array contiguous first")
-        result.append(0 if n == 1 and m != 1 else s // dtype.itemsize)
-    return result
-
-
-def _coalesce(shape, per_operand):
-    """Drop size-1 dims and merge neighbours that are contiguous in every operand."""
-    keep = [d for d, n in enumerate(shape) if n != 1]
-    shape = [shape[d] for d in keep]
-    per_operand = [[st[d] for d in keep] for st in per_operand]
-    d = len(shape) - 1
-    while d > 0:
-        if all(st[d - 1] == st[d] * shape[d] for st in per_operand):
-            shape[d - 1] *= shape[d]
-            del shape[d]
-            for st in per_operand:
-                st[d - 1] = st[d]
-                del st[d]
-        d -= 1
-    return tuple(shape), [tuple(st) for st in per_operand]
-
-
 def launch(name, out, *inputs, stream=None):
     """Compute op ``name`` of ``inputs`` into ``out`` (all device arrays, or NumPy
     arrays under the simulator); inputs broadcast to ``out``'s shape."""
     fn, kind, nin = _op(name)
     if len(inputs) != nin:
         raise TypeError(f"{name}: expected {nin} input array(s), got {len(inputs)}")
-    described = [_describe(a) for a in inputs]
-    out_shape, out_strides, out_dtype = _describe(out)
+    described = [layout.describe(a) for a in inputs]
+    out_shape, out_strides, out_dtype = layout.describe(out)
     values = described[1:] if kind == "select" else described
     dtype = values[0][2]
     if any(d[2] != dtype for d in values):
@@ -335,13 +262,13 @@ def launch(name, out, *inputs, stream=None):
         (a, *d) for a, d in zip(inputs, described)]
     spans, offsets, strides = [], [], []
     for i, (a, s, st, dt) in enumerate(operands):
-        view, off = _span(a, s, st, dt)
+        view, off = layout.span(a, s, st, dt)
         spans.append(view)
         offsets.append(off)
-        strides.append(_element_strides(s, st, dt, shape, "out" if i == 0 else f"input {i - 1}"))
+        strides.append(layout.element_strides(s, st, dt, shape, "out" if i == 0 else f"input {i - 1}"))
     if any(st == 0 for st, m in zip(strides[0], shape) if m > 1):
         raise ValueError(f"{name}: out must not be a broadcast (expanded) view")
-    shape, strides = _coalesce(list(shape), strides)
+    shape, strides = layout.coalesce(list(shape), strides)
 
     if isinstance(spans[0], np.ndarray):
         # Simulator: it copies NumPy arguments in and back out; inputs are only
@@ -379,7 +306,7 @@ def _make_kernel(name):
         default = like.dtype if like is not None else np.dtype(np.float64)
         arrays = [_as_array(a, default, like) for a in arrays]
         if out is None:
-            described = [_describe(a) for a in arrays]
+            described = [layout.describe(a) for a in arrays]
             dtype = (described[-1] if kind == "select" else described[0])[2]
             shape = np.broadcast_shapes(*(d[0] for d in described))
             out = empty(shape, result_dtype(name, dtype), like)

@@ -26,6 +26,7 @@ from ..cpu.fused import (CONSTANTS, SCALAR_FUNCTIONS, check_operands, describe, 
                          operand_scalars, scalar_source)
 from ..registry import register
 from . import elementwise as ew
+from . import layout
 from ._memory import empty, is_device_array, launch_config
 from ._memory import stream as _current_stream
 
@@ -90,8 +91,8 @@ def launch(expr, out, *operands, stream=None):
     """Evaluate ``expr`` into ``out``; array operands broadcast to ``out``'s shape."""
     dtype = check_operands(expr, operands, _is_array)
     scalars = operand_scalars(expr)
-    described = {k: ew._describe(a) for k, a in enumerate(operands) if not scalars[k]}
-    out_shape, out_strides, out_dtype = ew._describe(out)
+    described = {k: layout.describe(a) for k, a in enumerate(operands) if not scalars[k]}
+    out_shape, out_strides, out_dtype = layout.describe(out)
     if out_dtype != dtype:
         raise TypeError(f"fused_elementwise: out must have dtype {dtype}, got {out_dtype}")
     try:
@@ -109,13 +110,13 @@ def launch(expr, out, *operands, stream=None):
         (operands[k], *described[k]) for k in sorted(described)]
     spans, offsets, strides = [], [], []
     for i, (a, s, st, dt) in enumerate(arrays):
-        view, off = ew._span(a, s, st, dt)
+        view, off = layout.span(a, s, st, dt)
         spans.append(view)
         offsets.append(off)
-        strides.append(ew._element_strides(s, st, dt, shape, "out" if i == 0 else "operand"))
+        strides.append(layout.element_strides(s, st, dt, shape, "out" if i == 0 else "operand"))
     if any(st == 0 for st, m in zip(strides[0], shape) if m > 1):
         raise ValueError("fused_elementwise: out must not be a broadcast (expanded) view")
-    shape, strides = ew._coalesce(list(shape), strides)
+    shape, strides = layout.coalesce(list(shape), strides)
     if isinstance(spans[0], np.ndarray):      # simulator: inputs are copied in only
         spans[1:] = [cuda.In(v) if isinstance(v, np.ndarray) else v for v in spans[1:]]
     values = iter(zip(spans[1:], strides[1:], offsets[1:]))
@@ -145,7 +146,7 @@ def fused_elementwise(expr, *operands, out=None):
     dtype = check_operands(expr, operands, _is_array)
     if out is None:
         scalars = operand_scalars(expr)
-        shapes = [ew._describe(a)[0] for a, s in zip(operands, scalars) if not s]
+        shapes = [layout.describe(a)[0] for a, s in zip(operands, scalars) if not s]
         try:
             shape = np.broadcast_shapes(*shapes)
         except ValueError:

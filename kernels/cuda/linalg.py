@@ -60,7 +60,7 @@ from numba import types as nbtypes
 from ..settings import cuda as _settings
 from ..registry import register
 from ._memory import empty, launch_config, simulated, stream
-from .elementwise import _coalesce, _describe, _element_strides, _span
+from . import layout
 
 Tile = namedtuple("Tile", "BM BN BK TM TN")
 LARGE_TILE = Tile(128, 128, 8, 8, 8)      # 256 threads, 64 outputs each
@@ -355,9 +355,9 @@ def launch_gemm(c, c_lay, a, a_lay, b, b_lay, d, d_lay, M, N, K, batch_shape, dt
 
 def _operand(x, full_shape, what):
     """(1-D span, layout) of array ``x`` broadcast to ``full_shape`` = batch + (rows, cols)."""
-    shape, strides, dtype = _describe(x)
-    st = _element_strides(shape, strides, dtype, full_shape, what)
-    span, off = _span(x, shape, strides, dtype) if x.size else (x.reshape(-1), 0)
+    shape, strides, dtype = layout.describe(x)
+    st = layout.element_strides(shape, strides, dtype, full_shape, what)
+    span, off = layout.span(x, shape, strides, dtype) if x.size else (x.reshape(-1), 0)
     return span, off, st
 
 
@@ -395,7 +395,7 @@ def gemm(a, b, bias=None, out=None, tile=None):
             raise TypeError(f"linear: bias must have dtype {dtype}, got {bias.dtype}")
         operands.append(_operand(bias, batch + (M, N), "bias"))
     nb = len(batch)
-    shape, batch_strides = _coalesce(list(batch), [st[:nb] for _, _, st in operands])
+    shape, batch_strides = layout.coalesce(list(batch), [st[:nb] for _, _, st in operands])
     lays = [(off,) + tuple(st[nb:]) + bst
             for (_, off, st), bst in zip(operands, batch_strides)]
     if not shape:

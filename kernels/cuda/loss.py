@@ -29,9 +29,9 @@ from numba import cuda
 from numba import types as nbtypes
 
 from ..registry import register
-from . import elementwise as _ew
+from . import layout
 from ._memory import empty, launch_config, stream
-from .softmax import (FLOAT_DTYPES, MAX_WARPS, NUMBA_FLOAT, as_input, check_float, contiguous,
+from .rows import (FLOAT_DTYPES, MAX_WARPS, NUMBA_FLOAT, as_input, check_float, contiguous,
                       device_helpers, row_blocks, row_threads, table)
 
 
@@ -323,9 +323,9 @@ def nll_loss(x, target, w, ignore_index):
     loss = empty(rows, dtype, x)
     if rows == 0:
         return loss
-    shape, strides, _ = _ew._describe(x)
-    span, off = _ew._span(x, shape, strides, dtype)
-    row_st, col_st = _ew._element_strides(shape, strides, dtype, shape, "x")
+    shape, strides, _ = layout.describe(x)
+    span, off = layout.span(x, shape, strides, dtype)
+    row_st, col_st = layout.element_strides(shape, strides, dtype, shape, "x")
     target = table(target, np.int64, loss)
     w_arr, has_w = _weight(w, C, dtype, loss, op)
     blocks, threads = launch_config(rows)
@@ -358,17 +358,17 @@ def nll_loss_backward(g, target, w, ignore_index, C):
 
 
 def _strided_operand(a, dtype, out_shape, what):
-    shape, strides, dt = _ew._describe(a)
+    shape, strides, dt = layout.describe(a)
     if dt != dtype:
         raise TypeError(f"bce_with_logits: {what} must have x's dtype {dtype}, got {dt}")
-    view, off = _ew._span(a, shape, strides, dt)
-    return view, off, _ew._element_strides(shape, strides, dt, out_shape, what)
+    view, off = layout.span(a, shape, strides, dt)
+    return view, off, layout.element_strides(shape, strides, dt, out_shape, what)
 
 
 def _layout(out_shape, operands):
     """Coalesced shape and per-operand strides; at least one dim for the kernels."""
     out_st = [int(np.prod(out_shape[d + 1:], dtype=np.int64)) for d in range(len(out_shape))]
-    shape, strides = _ew._coalesce(list(out_shape), [out_st] + [st for _, _, st in operands])
+    shape, strides = layout.coalesce(list(out_shape), [out_st] + [st for _, _, st in operands])
     if not shape:
         return (1,), [(0,)] * len(operands)
     return shape, strides[1:]

@@ -44,7 +44,7 @@ from numba import types as nbtypes
 
 from ..registry import register
 from ._memory import empty, launch_config, stream, zeros
-from .softmax import (FLOAT_DTYPES, MAX_WARPS, NUMBA_FLOAT, as_input, check_float, contiguous,
+from .rows import (FLOAT_DTYPES, MAX_WARPS, NUMBA_FLOAT, as_input, check_float, contiguous,
                       device_helpers, row_blocks, row_threads, table)
 
 COL_TILE = 32              # columns per block of the dweight/dbias kernel (one warp)

@@ -17,7 +17,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from ..cpu.optim import _check_adam_hparams, _check_sgd_hparams, adam_members, sgd_members
+from ..cpu.optim import check_adam_hparams, check_sgd_hparams, adam_members, sgd_members
 from ..registry import register
 from ._memory import launch_config, stream, zeros
 from .copy import describe, read_only
@@ -183,7 +183,7 @@ def adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq=None, *, step, lr
         names.append("max_exp_avg_sq")
         arrays.append(max_exp_avg_sq)
     n, dt = _check_arrays("adam_step", names, arrays)
-    _check_adam_hparams(lr, beta1, beta2, eps, weight_decay)
+    check_adam_hparams(lr, beta1, beta2, eps, weight_decay)
     if not step >= 1:
         raise ValueError(f"adam_step: step must be >= 1, got {step}")
     bias_correction1 = 1 - beta1 ** step
@@ -212,7 +212,7 @@ def sgd_step(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0
         names.append("momentum_buffer")
         arrays.append(momentum_buffer)
     n, dt = _check_arrays("sgd_step", names, arrays)
-    _check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
+    check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
     if not use_momentum:
         momentum_buffer = zeros(1, dt, param)       # never read (see adam_step)
     T = dt.type

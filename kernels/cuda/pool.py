@@ -19,7 +19,7 @@ from numba import types as nbtypes
 
 from ..registry import register
 from ._memory import empty, launch_config, simulated, stream, to_device, zeros
-from .elementwise import _coalesce, _describe, _element_strides, _span
+from . import layout
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _NUMBA = {np.dtype(np.float32): nbtypes.float32, np.dtype(np.float64): nbtypes.float64}
@@ -179,15 +179,15 @@ def _planes(arrays, what):
 
     The leading dims are merged where every array allows it (at most 2 may
     remain), so all arrays index planes the same way."""
-    described = [_describe(x) for x in arrays]
+    described = [layout.describe(x) for x in arrays]
     lead = tuple(described[0][0][:-2])
     strides = []
     for x, (shape, st, dtype), name in zip(arrays, described, what):
         if len(shape) < 2 or tuple(shape[:-2]) != lead:
             raise ValueError(f"{name} must be (..., H, W) with leading dims {lead}, got "
                              f"shape {tuple(shape)}")
-        strides.append(_element_strides(shape, st, dtype, tuple(shape), name))
-    merged, lead_st = _coalesce(list(lead), [st[:-2] for st in strides])
+        strides.append(layout.element_strides(shape, st, dtype, tuple(shape), name))
+    merged, lead_st = layout.coalesce(list(lead), [st[:-2] for st in strides])
     if len(merged) > 2:
         raise ValueError(f"{what[0]}: at most 2 leading dims before (H, W) are supported, "
                          f"got shape {tuple(described[0][0])}")
@@ -196,7 +196,7 @@ def _planes(arrays, what):
     result, shapes = [], []
     for x, (shape, st, dtype), full, lst in zip(arrays, described, strides, lead_st):
         if x.size:
-            span, off = _span(x, shape, st, dtype)
+            span, off = layout.span(x, shape, st, dtype)
         else:
             span, off = empty((0,), dtype, x), 0
         result.append((span, (off,) + (0,) * pad + tuple(lst) + tuple(full[-2:])))

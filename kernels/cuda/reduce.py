@@ -59,7 +59,7 @@ from numba import types as nbt
 from ..registry import register
 from ._memory import MAX_BLOCKS, SIM_MAX_BLOCKS, empty, simulated
 from ._memory import stream as _stream
-from .elementwise import _describe, _span
+from . import layout
 
 FULL_MASK = 0xFFFFFFFF
 WARP = 32
@@ -401,7 +401,7 @@ def _kernel(spec, shape, partial=False):
 # ------------------------------------------------------------------ host side
 def _input(x, what="x"):
     """(span, element offset, shape, element strides) of a device array."""
-    shape, strides, dtype = _describe(x)
+    shape, strides, dtype = layout.describe(x)
     if dtype not in _INPUT_DTYPES and dtype != np.uint8:
         raise TypeError(f"{what}: no CUDA reduction kernel for dtype {dtype}; supported: "
                         f"{[str(d) for d in _INPUT_DTYPES]}")
@@ -411,7 +411,7 @@ def _input(x, what="x"):
     el = tuple(s // dtype.itemsize for s in strides)
     if math.prod(shape) == 0:                  # nothing is read: any 1-element array will do
         return empty((1,), dtype, x), 0, tuple(shape), el
-    span, off = _span(x, shape, strides, dtype)
+    span, off = layout.span(x, shape, strides, dtype)
     if isinstance(span, np.ndarray):           # simulator: copy in only (may be read-only)
         span = cuda.In(span)
     return span, off, tuple(shape), el
@@ -524,7 +524,7 @@ def _reduce(spec, x, dims, *, center=None, param=0.0, op="reduce"):
 def _array(x, op):
     """``x`` if it is a device array (NumPy under the simulator), else a TypeError."""
     try:
-        dtype = _describe(x)[2]
+        dtype = layout.describe(x)[2]
     except TypeError as e:
         raise TypeError(f"{op}: {e}") from None
     if dtype not in _INPUT_DTYPES:
@@ -558,9 +558,9 @@ def _extreme_acc(dtype):
 
 
 def _check_3d(x3, op):
-    if len(_describe(x3)[0]) != 3:
+    if len(layout.describe(x3)[0]) != 3:
         raise ValueError(f"{op}: expected a 3-D (outer, n, inner) array, got shape "
-                         f"{tuple(_describe(x3)[0])}")
+                         f"{tuple(layout.describe(x3)[0])}")
 
 
 # ------------------------------------------------------------------ registered kernels

@@ -26,29 +26,30 @@ def test_every_elementwise_kernel_in_the_simulator():
 
 # Host-side pieces that need no simulator: layout analysis and launch sizes.
 from pyflow.kernels.cuda import elementwise as ew  # noqa: E402
+from pyflow.kernels.cuda import layout  # noqa: E402
 
 
 def test_coalesce_merges_contiguous_dims_and_keeps_broadcast_ones():
     # out (2,3,4) contiguous; input broadcast along the middle dim
-    shape, strides = ew._coalesce([2, 3, 4], [[12, 4, 1], [4, 0, 1]])
+    shape, strides = layout.coalesce([2, 3, 4], [[12, 4, 1], [4, 0, 1]])
     assert shape == (2, 3, 4) and strides == [(12, 4, 1), (4, 0, 1)]
-    shape, strides = ew._coalesce([2, 1, 3, 4], [[12, 12, 4, 1], [12, 0, 4, 1]])
+    shape, strides = layout.coalesce([2, 1, 3, 4], [[12, 12, 4, 1], [12, 0, 4, 1]])
     assert shape == (24,) and strides == [(1,), (1,)]
-    shape, strides = ew._coalesce([3, 4], [[4, 1], [1, 3]])          # transposed input
+    shape, strides = layout.coalesce([3, 4], [[4, 1], [1, 3]])          # transposed input
     assert shape == (3, 4) and strides == [(4, 1), (1, 3)]
 
 
 def test_element_strides_zero_along_broadcast_dims():
     a = np.ones((3, 1), np.float32)
-    assert ew._element_strides(a.shape, a.strides, a.dtype, (2, 3, 5), "x") == [0, 1, 0]
+    assert layout.element_strides(a.shape, a.strides, a.dtype, (2, 3, 5), "x") == [0, 1, 0]
     with pytest.raises(ValueError, match="not a multiple of the item size"):
-        ew._element_strides((3,), (6,), np.dtype(np.float32), (3,), "input 0")
+        layout.element_strides((3,), (6,), np.dtype(np.float32), (3,), "input 0")
 
 
 def test_span_covers_negative_strides():
     base = np.arange(12.0).reshape(3, 4)
     rev = base[::-1, ::2]
-    view, offset = ew._span(rev, rev.shape, rev.strides, rev.dtype)
+    view, offset = layout.span(rev, rev.shape, rev.strides, rev.dtype)
     assert view[0] == 0.0 and view.size == 11 and view[offset] == rev[0, 0]
 
 

@@ -15,7 +15,7 @@ local memory, and a float32 one may use at most 64 registers a thread.
 import numpy as np
 import pytest
 
-from pyflow.kernels.cuda import softmax
+from pyflow.kernels.cuda import rows
 from tests.kernels.cudatools import compile_ptx_all, ptxas_resources, spec_modules
 
 MODULES = spec_modules()
@@ -77,14 +77,14 @@ def test_every_registered_cpu_row_kernel_has_a_cuda_twin():
 
 
 def test_launch_shapes():
-    assert softmax.row_threads(1) == 32 and softmax.row_threads(33) == 64
-    assert softmax.row_threads(10 ** 6) == softmax.MAX_ROW_THREADS
-    assert softmax.row_blocks(0) == 1 and softmax.row_blocks(10 ** 9) == softmax.MAX_ROW_BLOCKS
-    assert softmax._c_contiguous((2, 3), (24, 8), 8)
-    assert not softmax._c_contiguous((2, 3), (8, 16), 8)
-    assert softmax._c_contiguous((2, 1, 3), (24, 999, 8), 8)     # size-1 dims: any stride
+    assert rows.row_threads(1) == 32 and rows.row_threads(33) == 64
+    assert rows.row_threads(10 ** 6) == rows.MAX_ROW_THREADS
+    assert rows.row_blocks(0) == 1 and rows.row_blocks(10 ** 9) == rows.MAX_ROW_BLOCKS
+    assert rows._c_contiguous((2, 3), (24, 8), 8)
+    assert not rows._c_contiguous((2, 3), (8, 16), 8)
+    assert rows._c_contiguous((2, 1, 3), (24, 999, 8), 8)     # size-1 dims: any stride
 
 
 def test_bad_dtype_is_a_clear_error():
     with pytest.raises(TypeError, match="float32 or float64 x, got int32"):
-        softmax.check_float(np.zeros(3, np.int32), "softmax")
+        rows.check_float(np.zeros(3, np.int32), "softmax")
