@@ -206,6 +206,51 @@ def check_special_values(failures):
                                     f"  want {expected}")
 
 
+def check_numbers_by_value(failures):
+    """A number operand of a contiguous array (``x * 2.5``) goes to the kernel by
+    value (elementwise._dense_launch), converted to the array's dtype as a 0-d
+    device array would be: the result equals the CPU kernel's on that 0-d array,
+    with the number on either side."""
+    used = []
+    real = ew._scalar_kernel
+
+    def counting(*key):
+        used.append(key)
+        return real(*key)
+    ew._scalar_kernel = counting
+    try:
+        for name in ("add", "mul", "sub", "div", "maximum", "lt", "pow"):
+            for dtype in ew.supported_dtypes(name):
+                x = (rng.uniform(0.5, 3.0, (3, 5)) * (1 if dtype != np.bool_ else 0)).astype(dtype)
+                if dtype == np.bool_:
+                    x = rng.random((3, 5)) > 0.5
+                for number in (2, 2.5, True):
+                    for number_first in (False, True):
+                        args = (number, x) if number_first else (x, number)
+                        ref = tuple(np.asarray(a, dtype) if a is number else a for a in args)
+                        label = f"{name} {np.dtype(dtype)} with {number!r} by value " \
+                                f"({'first' if number_first else 'second'})"
+                        before = len(used)
+                        try:
+                            got = to_host(registry.get(name, "cuda")(*args))
+                            # the CPU has no float16 kernels: compare with float32's, rounded
+                            cpu = ref if dtype != np.float16 else \
+                                tuple(a.astype(np.float32) for a in ref)
+                            want = registry.get(name, "cpu")(*cpu)
+                            if dtype == np.float16:
+                                want = want.astype(got.dtype)
+                        except Exception as e:  # report every case
+                            failures.append(f"{label}: raised {type(e).__name__}: {e}")
+                            continue
+                        if len(used) == before:
+                            failures.append(f"{label}: not launched with the number by value")
+                        if not np.array_equal(got, want, equal_nan=got.dtype.kind == "f"):
+                            failures.append(f"{label}: got {got.ravel()[:4]} want "
+                                            f"{want.ravel()[:4]}")
+    finally:
+        ew._scalar_kernel = real
+
+
 def check_empty(failures):
     got = registry.get("mul", "cuda")(np.ones((0, 3)), np.ones((1, 3)))
     if got.shape != (0, 3):
@@ -225,6 +270,7 @@ def main():
     check_errors(failures)
     check_empty(failures)
     check_special_values(failures)
+    check_numbers_by_value(failures)
     for f in failures:
         print("FAIL", f)
     print(f"{count} op/dtype/layout checks, {len(failures)} failures, "

@@ -43,3 +43,15 @@ def test_every_registered_dtype_has_a_spec():
     assert {name for name, _, _ in specs} == set(ew.OPS)
     assert ("gelu", np.dtype(np.float16), "strided") in specs
     assert ("neg", np.dtype(np.bool_), "contiguous") not in specs
+
+
+@pytest.mark.parametrize("name", ["add", "mul", "sub", "div", "pow", "maximum", "lt"])
+def test_kernels_with_a_number_passed_by_value_compile_to_ptx(name, monkeypatch):
+    """``x * 2.0`` launches the contiguous kernel with the number as an argument
+    (elementwise._dense_launch): float16 numbers by value included."""
+    for dtype in ew.supported_dtypes(name):
+        if np.dtype(dtype) not in (np.float16, np.float32, np.int64, np.bool_):
+            continue
+        for scalars in ((False, True), (True, False)):
+            compile_ptx_all(ew.scalar_kernel_function(name, dtype, scalars),
+                            ew.scalar_kernel_signature(name, dtype, scalars), monkeypatch)
