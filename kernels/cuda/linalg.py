@@ -155,6 +155,22 @@ def gemm_function(dtype, tile, a_k_contiguous=True, b_n_contiguous=True, has_bia
                 gk = k0 + i64(kk)
                 b_next[s] = b[idx(pb + gk * b_rs + gn * b_cs)] if gn < N and gk < K else zero
 
+    @cuda.jit(device=True, inline="always")
+    def batch_offsets(z, batch_shape, x_lay, y_lay):
+        """Element offsets of batch ``z`` in two operands: z unravelled over the
+        batch shape, dotted with each layout's batch strides.  (A and B's before
+        the products, C and D's after: the C/D offsets are not live in the loop.)"""
+        px = x_lay[0]
+        py = y_lay[0]
+        rem = z
+        for t in range(len(batch_shape) - 1, -1, -1):
+            q = rem // batch_shape[t]
+            j = rem - q * batch_shape[t]
+            rem = q
+            px += j * x_lay[3 + t]
+            py += j * y_lay[3 + t]
+        return px, py
+
     def gemm(c, c_lay, a, a_lay, b, b_lay, d, d_lay, M, N, K, batch_shape):
         As = cuda.shared.array((BK, A_ROW), acc_t)
         Bs = cuda.shared.array((BK, B_ROW), acc_t)
@@ -174,15 +190,7 @@ def gemm_function(dtype, tile, a_k_contiguous=True, b_n_contiguous=True, has_bia
         for s in batch_shape:
             n_batch *= s
         for z in range(cuda.blockIdx.z, n_batch, cuda.gridDim.z):
-            pa = a_lay[0]
-            pb = b_lay[0]
-            rem = z
-            for t in range(len(batch_shape) - 1, -1, -1):
-                q = rem // batch_shape[t]
-                j = rem - q * batch_shape[t]
-                rem = q
-                pa += j * a_lay[3 + t]
-                pb += j * b_lay[3 + t]
+            pa, pb = batch_offsets(z, batch_shape, a_lay, b_lay)
             for i in range(TM):
                 for j in range(TN):
                     acc[i, j] = 0
@@ -212,15 +220,7 @@ def gemm_function(dtype, tile, a_k_contiguous=True, b_n_contiguous=True, has_bia
                         for j in range(TN):
                             acc[i, j] += a_reg[i] * b_reg[j]
                 cuda.syncthreads()
-            pc = c_lay[0]                 # epilogue: (+ D), store
-            pd = d_lay[0]
-            rem = z
-            for t in range(len(batch_shape) - 1, -1, -1):
-                q = rem // batch_shape[t]
-                j = rem - q * batch_shape[t]
-                rem = q
-                pc += j * c_lay[3 + t]
-                pd += j * d_lay[3 + t]
+            pc, pd = batch_offsets(z, batch_shape, c_lay, d_lay)     # epilogue: (+ D), store
             for i in range(TM):
                 gm = m0 + ty + i * TY
                 if gm < M:
