@@ -361,6 +361,16 @@ def _operand(x, full_shape, what):
     return span, off, st
 
 
+def _flat(x):
+    """A C-contiguous device array as its 1-D span (a plain NumPy view under the
+    simulator, whose strict device arrays its kernels copy in as plain arrays)."""
+    return x.reshape(-1).view(np.ndarray) if isinstance(x, np.ndarray) else x.reshape(-1)
+
+
+def _dense_2d(*arrays):
+    return all(getattr(x, "ndim", 0) == 2 and x.flags.c_contiguous for x in arrays)
+
+
 def gemm(a, b, bias=None, out=None, tile=None):
     """(..., M, K) @ (..., K, N) (+ bias broadcast to (..., M, N)) with the numba kernel.
 
@@ -368,6 +378,16 @@ def gemm(a, b, bias=None, out=None, tile=None):
     sliced, expanded views).  Returns ``out`` (allocated C-contiguous if None).
     """
     dtype = _check_pair(a, b, "matmul")
+    if out is None and bias is None and tile is None and _dense_2d(a, b) and \
+            a.shape[1] == b.shape[0]:
+        # the common case, without the layout analysis below: C-contiguous
+        # matrices, whose layouts are (offset 0, row stride, 1)
+        (M, K), N = a.shape, b.shape[1]
+        out = empty((M, N), dtype, a)
+        if out.size:
+            launch_gemm(_flat(out), (0, N, 1, 0), _flat(a), (0, K, 1, 0), _flat(b), (0, N, 1, 0),
+                        None, None, M, N, K, (1,), dtype)
+        return out
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"gemm: operands must be at least 2-D, got shapes {tuple(a.shape)} "
                          f"and {tuple(b.shape)}")
@@ -486,5 +506,16 @@ def linear(x, weight, bias):
         out = cupy.matmul(x, weight.T)
         if bias is not None and out.size:
             _add_bias(out, bias)
+        return out
+    if _dense_2d(x, weight) and (bias is None or bias.flags.c_contiguous):
+        # x (M, K) and weight (N, K) C-contiguous: weight.T is weight's memory read
+        # with strides (1, K), the bias a row read with strides (0, 1); no layout
+        # analysis needed (gemm's general path does it for any other strides)
+        (M, K), N = x.shape, weight.shape[0]
+        out = empty((M, N), x.dtype, x)
+        if out.size:
+            launch_gemm(_flat(out), (0, N, 1, 0), _flat(x), (0, K, 1, 0), _flat(weight),
+                        (0, 1, K, 0), None if bias is None else _flat(bias),
+                        None if bias is None else (0, 0, 1, 0), M, N, K, (1,), x.dtype)
         return out
     return gemm(x, weight.T, bias)
