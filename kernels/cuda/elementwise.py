@@ -30,6 +30,7 @@ numba compute float32 data in float64, which is 2x-64x slower on a GPU.
 
 Kernels are compiled lazily, once per (op, dtype, layout), and cached.
 """
+import collections
 import functools
 import math
 import types as _pytypes
@@ -229,14 +230,20 @@ def _kernel(name, dtype, layout):
     return cuda.jit(kernel_function(name, dtype, layout))
 
 
-def launch(name, out, *inputs, stream=None):
-    """Compute op ``name`` of ``inputs`` into ``out`` (all device arrays, or NumPy
-    arrays under the simulator); inputs broadcast to ``out``'s shape."""
+_Plan = collections.namedtuple("_Plan", "n dtype contiguous shape strides offsets geometries")
+_plans = {}
+_MAX_PLANS = 4096        # distinct layouts remembered (then forgotten all at once)
+
+
+def _launch_plan(name, out_desc, described):
+    """Everything ``launch`` derives from the operands' layouts alone (checks,
+    broadcast shape, element strides, coalesced dims, span geometry, which
+    kernel), for (shape, strides, dtype) of ``out`` and of each input.  Raises
+    the op's error for a bad combination (nothing is kept then)."""
     fn, kind, nin = _op(name)
-    if len(inputs) != nin:
-        raise TypeError(f"{name}: expected {nin} input array(s), got {len(inputs)}")
-    described = [layout.describe(a) for a in inputs]
-    out_shape, out_strides, out_dtype = layout.describe(out)
+    if len(described) != nin:
+        raise TypeError(f"{name}: expected {nin} input array(s), got {len(described)}")
+    out_shape, out_strides, out_dtype = out_desc
     values = described[1:] if kind == "select" else described
     dtype = values[0][2]
     if any(d[2] != dtype for d in values):
@@ -256,35 +263,53 @@ def launch(name, out, *inputs, stream=None):
                          f"broadcast to {shape}")
     n = math.prod(shape)
     if n == 0:
-        return out
-
-    operands = [(out, out_shape, out_strides, out_dtype)] + [
-        (a, *d) for a, d in zip(inputs, described)]
-    spans, offsets, strides = [], [], []
-    for i, (a, s, st, dt) in enumerate(operands):
-        view, off = layout.span(a, s, st, dt)
-        spans.append(view)
-        offsets.append(off)
-        strides.append(layout.element_strides(s, st, dt, shape, "out" if i == 0 else f"input {i - 1}"))
+        return _Plan(0, dtype, True, (), [], [], [])
+    operands = [out_desc] + list(described)
+    geometries, offsets, strides = [], [], []
+    for i, (s, st, dt) in enumerate(operands):
+        geometry = layout.span_geometry(s, st, dt)
+        geometries.append(geometry)
+        offsets.append(geometry[1] // dt.itemsize)
+        strides.append(layout.element_strides(s, st, dt, shape,
+                                              "out" if i == 0 else f"input {i - 1}"))
     if any(st == 0 for st, m in zip(strides[0], shape) if m > 1):
         raise ValueError(f"{name}: out must not be a broadcast (expanded) view")
     shape, strides = layout.coalesce(list(shape), strides)
+    contiguous = len(shape) <= 1 and all(off == 0 for off in offsets) and \
+        all(st == () or st == (1,) for st in strides)
+    return _Plan(n, dtype, contiguous, shape, strides, offsets, geometries)
 
+
+def launch(name, out, *inputs, stream=None):
+    """Compute op ``name`` of ``inputs`` into ``out`` (all device arrays, or NumPy
+    arrays under the simulator); inputs broadcast to ``out``'s shape.  What the
+    operands' layouts decide is computed once per layout (``_launch_plan``)."""
+    described = tuple(layout.describe(a) for a in inputs)
+    out_desc = layout.describe(out)
+    key = (name, out_desc, described)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _launch_plan(name, out_desc, described)
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[key] = plan
+    if plan.n == 0:
+        return out
+    spans = [layout.span(a, *desc, geometry=g)[0]
+             for a, desc, g in zip((out,) + inputs, (out_desc,) + described, plan.geometries)]
     if isinstance(spans[0], np.ndarray):
         # Simulator: it copies NumPy arguments in and back out; inputs are only
         # copied in (they may be read-only broadcast views).
         spans[1:] = [cuda.In(v) if isinstance(v, np.ndarray) else v for v in spans[1:]]
 
-    blocks, threads = launch_config(n)
-    if len(shape) <= 1 and all(off == 0 for off in offsets) and \
-            all(st == () or st == (1,) for st in strides):
-        args = spans
-        _kernel(name, dtype, "contiguous")[blocks, threads, _stream(stream)](*args)
+    blocks, threads = launch_config(plan.n)
+    if plan.contiguous:
+        _kernel(name, plan.dtype, "contiguous")[blocks, threads, _stream(stream)](*spans)
     else:
-        args = [spans[0], n, shape, strides[0], offsets[0]]
-        for view, st, off in zip(spans[1:], strides[1:], offsets[1:]):
+        args = [spans[0], plan.n, plan.shape, plan.strides[0], plan.offsets[0]]
+        for view, st, off in zip(spans[1:], plan.strides[1:], plan.offsets[1:]):
             args += [view, st, off]
-        _kernel(name, dtype, "strided")[blocks, threads, _stream(stream)](*args)
+        _kernel(name, plan.dtype, "strided")[blocks, threads, _stream(stream)](*args)
     return out
 
 

@@ -47,15 +47,24 @@ def describe(a):
     return shape, tuple(strides), dtype
 
 
-def span(a, shape, strides, dtype):
-    """A 1-D view of the memory ``a`` touches, and the element offset of ``a``'s
-    first element in it (nonzero only with negative strides)."""
+def span_geometry(shape, strides, dtype):
+    """What ``span`` derives from a layout alone, so a caller can cache it: the
+    elements the span holds, the bytes from its start to the array's first
+    element, and the index of the element at the span's start."""
     size = 1 + sum((n - 1) * abs(s) for n, s in zip(shape, strides)) // dtype.itemsize
     back = sum((n - 1) * -s for n, s in zip(shape, strides) if s < 0)   # bytes
+    corner = tuple(slice(n - 1, n) if s < 0 else slice(0, 1) for n, s in zip(shape, strides))
+    return size, back, corner
+
+
+def span(a, shape, strides, dtype, geometry=None):
+    """A 1-D view of the memory ``a`` touches, and the element offset of ``a``'s
+    first element in it (nonzero only with negative strides).  ``geometry``:
+    ``span_geometry``'s result for this layout, if the caller kept it."""
+    size, back, corner = geometry or span_geometry(shape, strides, dtype)
     if isinstance(a, np.ndarray):
-        corner = a[tuple(slice(n - 1, n) if s < 0 else slice(0, 1)
-                         for n, s in zip(shape, strides))] if a.ndim else a.reshape(1)
-        view = np.lib.stride_tricks.as_strided(corner, (size,), (dtype.itemsize,),
+        start = a[corner] if a.ndim else a.reshape(1)
+        view = np.lib.stride_tricks.as_strided(start, (size,), (dtype.itemsize,),
                                                writeable=a.flags.writeable)
     else:
         ptr = a.__cuda_array_interface__["data"][0]
