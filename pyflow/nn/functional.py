@@ -12,7 +12,8 @@ __all__ = ["linear", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"
            "layer_norm", "batch_norm", "dropout", "embedding", "cross_entropy", "nll_loss",
            "mse_loss", "l1_loss", "binary_cross_entropy_with_logits",
            "scaled_dot_product_attention", "pad", "one_hot",
-           "rms_norm", "fused_add_layer_norm", "fused_bias_add_gelu", "fused_bias_dropout_add",
+           "rms_norm", "group_norm", "fused_add_layer_norm", "fused_bias_add_gelu",
+           "fused_bias_dropout_add",
            "fused_scale_mask_softmax", "fused_batch_norm_add_relu",
            "fused_scale_mask_softmax_dropout"]
 
@@ -104,6 +105,8 @@ batch_norm = _forward("batch_norm", "batch_norm(input, running_mean, running_var
                                     "bias=None, training=False, momentum=0.1, eps=1e-05); "
                                     "updates the running stats in place when training.")
 rms_norm = _forward("rms_norm", "rms_norm(input, normalized_shape, weight=None, eps=None).")
+group_norm = _forward("group_norm", "group_norm(input, num_groups, weight=None, bias=None, "
+                                    "eps=1e-05).")
 dropout = _forward("dropout", "dropout(input, p=0.5, training=True, inplace=False).")
 embedding = _forward("embedding", "embedding(input, weight, padding_idx=None, max_norm=None, "
                                   "norm_type=2.0, scale_grad_by_freq=False, sparse=False).")

@@ -41,7 +41,7 @@ from ..distributed.sbp import broadcast as _B
 from ..distributed.sbp import split as _S
 from ..distributed.signatures import Candidate, layer_norm_rule, rows_rule
 
-__all__ = ["layer_norm", "rms_norm", "fused_add_layer_norm", "batch_norm",
+__all__ = ["layer_norm", "rms_norm", "group_norm", "fused_add_layer_norm", "batch_norm",
            "fused_batch_norm_add_relu"]
 
 
@@ -240,6 +240,49 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     normalized_shape = _check_norm_args("rms_norm", input, normalized_shape, weight=weight)
     eps = _EPS[input.dtype] if eps is None else float(eps)
     return RMSNorm.apply(input, weight, normalized_shape, eps)
+
+
+# ------------------------------------------------------------------ group_norm
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """``torch.nn.functional.group_norm``: the channels (dim 1) of each sample split
+    into ``num_groups`` groups, each group normalised over its channels and all
+    positions, then a per-channel scale and shift.
+
+    A composition, not a kernel of its own: the (N, C, *) input viewed as
+    (N, num_groups, C / num_groups * positions) rows is exactly layer_norm's
+    case (one fused pass forward and back, on every device), and the affine is
+    two broadcast elementwise ops.  So gradients, global tensors and graphs
+    come from those ops."""
+    op = "group_norm"
+    check_tensor(input, "input", op)
+    if input.ndim < 2:
+        raise RuntimeError(f"{op}(): expected an input of at least 2 dims (N, C, *), got "
+                           f"shape {list(input.shape)}")
+    n, c = input.shape[0], input.shape[1]
+    if isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer)) or \
+            num_groups <= 0 or c % num_groups:
+        raise RuntimeError(f"{op}(): expected the number of channels in input to be divisible "
+                           f"by num_groups, but got input of shape {list(input.shape)} and "
+                           f"num_groups={num_groups!r}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            check_tensor(t, name, op)
+            if tuple(t.shape) != (c,):
+                raise RuntimeError(f"{op}(): expected {name} of shape [{c}] (one per channel), "
+                                   f"got {list(t.shape)}")
+    if not input.dtype.is_floating_point:
+        raise RuntimeError(f"{op}(): expected a floating point input, got {input.dtype}")
+    if input.numel() == 0:
+        rows = input.reshape(n, int(num_groups), 0)
+    else:
+        rows = input.reshape(n, int(num_groups), -1)
+    out = layer_norm(rows, (rows.shape[-1],), None, None, eps).reshape(input.shape)
+    per_channel = (c,) + (1,) * (input.ndim - 2)
+    if weight is not None:
+        out = out * weight.reshape(per_channel)
+    if bias is not None:
+        out = out + bias.reshape(per_channel)
+    return out
 
 
 # ------------------------------------------------------------------ fused_add_layer_norm

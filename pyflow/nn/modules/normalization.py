@@ -161,6 +161,39 @@ class LayerNorm(Module):
                 f"elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}")
 
 
+class GroupNorm(Module):
+    """``torch.nn.GroupNorm``: the ``num_channels`` channels split into ``num_groups``
+    groups, each normalised over its channels and positions (``F.group_norm``),
+    then a per-channel scale and shift when ``affine``."""
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None,
+                 dtype=None):
+        super().__init__()
+        if num_groups <= 0 or num_channels % num_groups:
+            raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by "
+                             f"num_groups ({num_groups})")
+        self.num_groups, self.num_channels = num_groups, num_channels
+        self.eps, self.affine = eps, affine
+        if affine:
+            self.weight = Parameter(ops.empty(num_channels, dtype=dtype, device=device))
+            self.bias = Parameter(ops.empty(num_channels, dtype=dtype, device=device))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        if self.affine:
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+
+    def forward(self, input):
+        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
 class RMSNorm(Module):
     """Divide by the root mean square over the last ``len(normalized_shape)`` dims,
     then scale (``torch.nn.RMSNorm``); ``eps`` None is the machine epsilon of the
