@@ -9,7 +9,11 @@ bmm, linear) on the ``cuda`` device:
   enables them).  It needs a real GPU: under the simulator the GEMM raises.
 
 Assignments are validated, so a typo fails where it is made instead of
-silently keeping the default.
+silently keeping the default.  ``matmul`` also carries PyTorch's flags
+(``pyflow.backends.cuda.matmul.allow_tf32`` ...), and ``pyflow.backends.cudnn``
+has PyTorch's cuDNN switches (``benchmark``, ``deterministic``, ...): both are
+accepted so PyTorch code runs, and change nothing (pyflow uses no cuDNN, and
+its GEMMs compute in full float32).
 
 ``pyflow.backends.cpu.threads`` reports the CPU thread pools' settings and
 what ``import pyflow`` did about pools that another library (PyTorch, or any
@@ -26,7 +30,7 @@ re-exported here.
 from . import _threads
 from .kernels import settings as _kernel_settings
 
-__all__ = ["cpu", "cuda"]
+__all__ = ["cpu", "cuda", "cudnn"]
 
 
 class _CpuBackend:
@@ -63,3 +67,42 @@ cpu = _CpuBackend()
 
 
 cuda = _kernel_settings.cuda     # the object kernels/cuda/linalg.py reads
+
+
+class _CudnnBackend:
+    """``torch.backends.cudnn``'s switches, accepted so that PyTorch code setting
+    them runs.  pyflow does not use cuDNN (its convolutions and pooling are its
+    own numba kernels), so ``is_available()`` is False, ``version()`` None, and
+    the switches are kept but change nothing: ``enabled`` (True), ``benchmark``
+    (False), ``deterministic`` (False), ``allow_tf32`` (True), PyTorch's
+    defaults."""
+
+    SETTINGS = {"enabled": True, "benchmark": False, "deterministic": False,
+                "allow_tf32": True}
+
+    def __init__(self):
+        for name, default in self.SETTINGS.items():
+            object.__setattr__(self, name, default)
+
+    def __setattr__(self, name, value):
+        if name not in self.SETTINGS:
+            raise AttributeError(f"pyflow.backends.cudnn has no setting {name!r}; settings: "
+                                 f"{sorted(self.SETTINGS)}")
+        if not isinstance(value, bool):
+            raise TypeError(f"pyflow.backends.cudnn.{name} must be True or False, got {value!r}")
+        object.__setattr__(self, name, value)
+
+    @staticmethod
+    def is_available():
+        return False
+
+    @staticmethod
+    def version():
+        return None
+
+    def __repr__(self):
+        return ("pyflow.backends.cudnn(" + ", ".join(f"{k}={getattr(self, k)!r}"
+                                                     for k in self.SETTINGS) + ")")
+
+
+cudnn = _CudnnBackend()

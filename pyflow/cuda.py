@@ -17,9 +17,10 @@ import time
 
 from .device import backend_of
 
-__all__ = ["is_available", "device_count", "current_device", "synchronize", "Stream", "Event",
-           "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
-           "unavailable_reason", "simulated"]
+__all__ = ["is_available", "device_count", "current_device", "set_device", "synchronize",
+           "Stream", "Event", "memory_allocated", "max_memory_allocated",
+           "reset_peak_memory_stats", "unavailable_reason", "simulated", "manual_seed",
+           "manual_seed_all", "is_bf16_supported"]
 
 
 def _backend():
@@ -46,6 +47,39 @@ def device_count():
 
 def current_device():
     return _backend().current_device()
+
+
+def set_device(device):
+    """Make ``device`` (an index, ``"cuda:N"`` or a ``pyflow.device``) the current
+    cuda device, as ``torch.cuda.set_device``."""
+    from .device import device as _device
+    if isinstance(device, bool) or not isinstance(device, int):
+        d = _device(device)
+        if d.type != "cuda":
+            raise ValueError(f"set_device: expected a cuda device, got {device!r}")
+        device = d.index or 0
+    _backend().set_device(device)
+
+
+def manual_seed(seed):
+    """Seed the random numbers of the cuda device.  pyflow has one default
+    generator for every device (its Philox stream draws the same numbers, and
+    the same dropout masks, on CPU and cuda), so this seeds that generator, as
+    ``pyflow.manual_seed`` does; ``torch.cuda.manual_seed`` seeds the CUDA
+    generators only, which scripts pair with ``torch.manual_seed`` anyway."""
+    from . import random
+    return random.manual_seed(seed)
+
+
+def manual_seed_all(seed):
+    """``manual_seed`` for every cuda device: the same one generator."""
+    return manual_seed(seed)
+
+
+def is_bf16_supported(including_emulation=True):
+    """True when the cuda device can be used: bfloat16 tensors work there on any
+    GPU, since pyflow's cuda ops compute bfloat16 data in float32."""
+    return is_available()
 
 
 def synchronize():

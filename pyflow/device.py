@@ -256,6 +256,16 @@ class Backend:
     def current_device(self):
         return 0
 
+    def set_device(self, index):
+        """Make device ``index`` the current one (a backend with one device: 0 only)."""
+        self._check_index(index)
+
+    def _check_index(self, index):
+        count = self.device_count()
+        if not 0 <= index < count:
+            raise RuntimeError(f"set_device: invalid device ordinal {index}: {count} "
+                               f"{self.type} device(s) available")
+
 
 class CpuBackend(Backend):
     """The host: NumPy arrays (no streams, no memory statistics)."""
@@ -457,6 +467,18 @@ class CudaBackend(Backend):
         if self.unavailable_reason() is not None:
             return 0
         return self.xp.cuda.Device().id
+
+    def set_device(self, index):
+        """CuPy's current device (tensor memory, streams) and numba's current
+        context (kernels) both become ``index``.  Not yet run on a machine with
+        several GPUs."""
+        reason = self.unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(f"set_device: the cuda device cannot be used: {reason}")
+        self._check_index(index)
+        from numba import cuda
+        self.xp.cuda.Device(index).use()
+        cuda.select_device(index)
 
 
 class _CapturedGraph:

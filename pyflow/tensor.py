@@ -427,6 +427,22 @@ class Tensor:
     def cuda(self, device=None):
         return self.to("cuda" if device is None else as_device(device))
 
+    def pin_memory(self, device=None):
+        """This CPU tensor itself (accepted so PyTorch code runs).  PyTorch copies
+        it into page-locked memory so that host-to-device copies can run
+        asynchronously; pyflow's copies to the device are synchronous whatever
+        the memory (CuPy from pageable memory), and the transfers that do go
+        through page-locked memory (MPI staging when MPI is not CUDA-aware) use
+        reused buffers of pyflow's own.  ``is_pinned()`` stays False."""
+        if self.device.type != "cpu":
+            raise RuntimeError(f"pin_memory(): cannot pin a {self.device} tensor: only CPU "
+                               f"tensors can be pinned")
+        return self
+
+    def is_pinned(self, device=None):
+        """False: pyflow never page-locks a tensor's own memory (``pin_memory``)."""
+        return False
+
     # ------------------------------------------------------------- printing
     def __repr__(self):
         return format_tensor(self)
