@@ -371,6 +371,19 @@ def _dense_2d(*arrays):
     return all(getattr(x, "ndim", 0) == 2 and x.flags.c_contiguous for x in arrays)
 
 
+def _dense_gemm(a, b, b_lay, N, bias=None):
+    """A new C-contiguous (M, N) = a (M, K, C-contiguous) @ B, where B is the
+    memory of the C-contiguous array ``b`` read with layout ``b_lay``, plus an
+    optional C-contiguous bias row (N,) read with strides (0, 1)."""
+    M, K = a.shape
+    out = empty((M, N), a.dtype, a)
+    if out.size:
+        launch_gemm(_flat(out), (0, N, 1, 0), _flat(a), (0, K, 1, 0), _flat(b), b_lay,
+                    None if bias is None else _flat(bias),
+                    None if bias is None else (0, 0, 1, 0), M, N, K, (1,), a.dtype)
+    return out
+
+
 def gemm(a, b, bias=None, out=None, tile=None):
     """(..., M, K) @ (..., K, N) (+ bias broadcast to (..., M, N)) with the numba kernel.
 
@@ -382,12 +395,8 @@ def gemm(a, b, bias=None, out=None, tile=None):
             a.shape[1] == b.shape[0]:
         # the common case, without the layout analysis below: C-contiguous
         # matrices, whose layouts are (offset 0, row stride, 1)
-        (M, K), N = a.shape, b.shape[1]
-        out = empty((M, N), dtype, a)
-        if out.size:
-            launch_gemm(_flat(out), (0, N, 1, 0), _flat(a), (0, K, 1, 0), _flat(b), (0, N, 1, 0),
-                        None, None, M, N, K, (1,), dtype)
-        return out
+        N = b.shape[1]
+        return _dense_gemm(a, b, (0, N, 1, 0), N)
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"gemm: operands must be at least 2-D, got shapes {tuple(a.shape)} "
                          f"and {tuple(b.shape)}")
@@ -509,13 +518,7 @@ def linear(x, weight, bias):
         return out
     if _dense_2d(x, weight) and (bias is None or bias.flags.c_contiguous):
         # x (M, K) and weight (N, K) C-contiguous: weight.T is weight's memory read
-        # with strides (1, K), the bias a row read with strides (0, 1); no layout
-        # analysis needed (gemm's general path does it for any other strides)
-        (M, K), N = x.shape, weight.shape[0]
-        out = empty((M, N), x.dtype, x)
-        if out.size:
-            launch_gemm(_flat(out), (0, N, 1, 0), _flat(x), (0, K, 1, 0), _flat(weight),
-                        (0, 1, K, 0), None if bias is None else _flat(bias),
-                        None if bias is None else (0, 0, 1, 0), M, N, K, (1,), x.dtype)
-        return out
+        # with strides (1, K); no layout analysis needed (gemm's general path does
+        # it for any other strides)
+        return _dense_gemm(x, weight, (0, 1, x.shape[1], 0), weight.shape[0], bias)
     return gemm(x, weight.T, bias)

@@ -172,6 +172,7 @@ def ptxas_resources(ptx, cc=(9, 0)):
             proc = subprocess.run(command[:1] + ["-c"] + command[1:], capture_output=True,
                                   text=True, timeout=300)
     assert proc.returncode == 0, f"ptxas failed:\n{proc.stderr}"
+    assert re.search(r"Used \d+ registers", proc.stderr), f"no ptxas -v report:\n{proc.stderr}"
     found = {"relocatable": relocatable}
     for key, pattern in (("stack", r"(\d+) bytes stack frame"),
                          ("spill_stores", r"(\d+) bytes spill stores"),
@@ -180,7 +181,6 @@ def ptxas_resources(ptx, cc=(9, 0)):
                          ("shared", r"(\d+) bytes smem")):
         m = re.search(pattern, proc.stderr)
         found[key] = int(m.group(1)) if m else 0
-    assert "registers" in found and re.search(r"Used \d+ registers", proc.stderr), proc.stderr
     return found
 
 
